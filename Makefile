@@ -1,0 +1,26 @@
+# The README's two commands are `make demo` and `make test`; both call `make setup`.
+.PHONY: setup demo test lint bench clean
+
+VENV := .venv/bin
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	$(VENV)/gpuresa demo
+
+lint: setup
+	$(VENV)/ruff check .
+	$(VENV)/ruff format --check .
+	$(VENV)/mypy
+
+test: lint
+	$(VENV)/pytest
+
+bench: setup
+	$(VENV)/python benchmarks/bench_reservations.py
+	$(VENV)/python benchmarks/bench_sessions.py
+	$(VENV)/python benchmarks/bench_daemon.py
+
+clean:
+	rm -rf .venv .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,394 @@
+"""The configuration: one TOML file read into frozen dataclasses.
+
+Every section is a dataclass below; `config.example.toml` documents each key
+with its default, and a test keeps the two in step. Problems are collected, not
+raised one at a time, so an admin fixes a file in one pass.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+from gpuresa.errors import ConfigError, UserError
+from gpuresa.schema import (
+    Field,
+    Loader,
+    PortRange,
+    at_least,
+    matches,
+    positive_duration,
+    valid_regex,
+)
+
+DEFAULT_CONFIG_PATH = Path("/etc/gpuresa/config.toml")
+CONFIG_ENVIRONMENT_VARIABLE = "GPURESA_CONFIG"
+
+NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}"
+LOGIN = r"[a-z_][a-z0-9_-]{0,31}"
+
+
+def _valid_timezone(value: str) -> str | None:
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    try:
+        ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError):
+        return f"unknown time zone {value!r} (use an IANA name such as 'Europe/Paris')"
+    return None
+
+
+def _durations_positive(values: tuple[timedelta, ...]) -> str | None:
+    if any(value <= timedelta(0) for value in values):
+        return "every warning must be longer than 0s"
+    return None
+
+
+def _logins(values: tuple[str, ...]) -> str | None:
+    import re
+
+    bad = [value for value in values if not re.fullmatch(LOGIN, value)]
+    return f"not valid logins: {', '.join(map(repr, bad))}" if bad else None
+
+
+def _login_keys(values: Mapping[str, Any]) -> str | None:
+    return _logins(tuple(values))
+
+
+def _login_values(values: Mapping[str, str]) -> str | None:
+    return _logins(tuple(values.values()))
+
+
+def _gpu_indices(value: tuple[int, ...] | str) -> str | None:
+    if isinstance(value, tuple):
+        if any(index < 0 for index in value):
+            return "GPU indices must be 0 or more"
+        if len(set(value)) != len(value):
+            return "GPU indices must not repeat"
+    return None
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    """[daemon]: this machine's role and the service's timing."""
+
+    host: str = Field("localhost", check=matches(NAME, "a host name"))
+    state_dir: Path = Path("/var/lib/gpuresa")
+    poll_interval: timedelta = Field(timedelta(seconds=30), check=positive_duration)
+    prepare_ahead: timedelta = timedelta(minutes=5)
+    stop_grace: timedelta = timedelta(seconds=30)
+    cancel_grace: timedelta = timedelta(minutes=5)
+    orphan_grace: timedelta = timedelta(minutes=10)
+    warnings: tuple[timedelta, ...] = Field(
+        (timedelta(minutes=15), timedelta(minutes=5)), check=_durations_positive
+    )
+    docker_retry_max: timedelta = Field(timedelta(minutes=1), check=positive_duration)
+
+
+@dataclass(frozen=True)
+class ReservationsConfig:
+    """[reservations]: how calendar events become reservations, site-wide."""
+
+    timezone: str = Field("UTC", check=_valid_timezone)
+    window_past: timedelta = timedelta(days=1)
+    window_ahead: timedelta = Field(timedelta(days=14), check=positive_duration)
+    max_duration: timedelta = Field(timedelta(days=7), check=positive_duration)
+    allowed_users: tuple[str, ...] = Field((), check=_logins)
+
+
+@dataclass(frozen=True)
+class CalendarConfig:
+    """[[calendars]]: one calendar source and the rules that read its events."""
+
+    name: str = Field(check=matches(NAME, "a name of letters, digits, '.', '_' or '-'"))
+    url: str = Field(check=matches(r"\S+", "a URL or an absolute path"))
+    kind: Literal["caldav", "ics"] = "caldav"
+    username: str | None = None
+    password_file: Path | None = None
+    password_credential: str | None = None
+    auth: Literal["basic", "digest"] = "basic"
+    verify_tls: bool = True
+    host: str | None = Field(None, check=matches(NAME, "a host name"))
+    accept_tentative: bool = False
+    user_from: Literal["summary", "organizer", "attendee"] = "summary"
+    summary_regex: str | None = Field(None, check=valid_regex)
+    email_logins: Mapping[str, str] = Field(factory=dict, check=_login_values)
+    default_template: str | None = None
+    default_cuda: str | None = None
+    default_gpus: int = Field(1, check=at_least(1))
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    """[[hosts]]: one GPU server, its GPUs and the ports its sessions may use."""
+
+    name: str = Field(check=matches(NAME, "a host name"))
+    gpus: tuple[int, ...] | Literal["auto"] = Field(
+        "auto", check=_gpu_indices, expected='a list of GPU indices or "auto"'
+    )
+    gpu_mode: Literal["nvidia", "cdi", "devices", "none"] = "nvidia"
+    bind_address: str = "0.0.0.0"
+    public_name: str | None = None
+    ssh_ports: PortRange = PortRange(20000, 20999)
+    ftp_ports: PortRange = PortRange(21000, 21999)
+    ftp_passive_ports: PortRange = PortRange(30000, 39999)
+    ftp_passive_per_session: int = Field(10, check=at_least(1))
+    driver_libraries: tuple[Path, ...] = ()
+    driver_binaries: tuple[Path, ...] = (Path("/usr/bin/nvidia-smi"),)
+
+
+@dataclass(frozen=True)
+class TemplatesConfig:
+    """[templates]: which session templates exist and which bookings may use."""
+
+    directory: Path | None = None
+    allowed: tuple[str, ...] = ("tensorflow", "digits", "pytorch")
+    base_image: str | None = None
+    image_prefix: str = "gpuresa"
+
+
+@dataclass(frozen=True)
+class UsersConfig:
+    """[users]: logins, their keys, uids and e-mail addresses."""
+
+    keys_dir: Path = Path("/etc/gpuresa/keys")
+    host_authorized_keys: bool = True
+    uid_base: int = Field(20000, check=at_least(1000))
+    uids: Mapping[str, int] = Field(factory=dict, check=_login_keys)
+    emails: Mapping[str, str] = Field(factory=dict, check=_login_keys)
+    email_domain: str | None = None
+
+
+@dataclass(frozen=True)
+class InputMount:
+    """[[storage.inputs]]: a host folder mounted read-only in every session."""
+
+    source: Path
+    target: Path
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    """[storage]: input folders and where each session's output is kept."""
+
+    inputs: tuple[InputMount, ...] = ()
+    output_root: Path = Path("/var/lib/gpuresa/output")
+    output_pattern: str = Field(
+        "{user}/{start:%Y%m%d-%H%M}-{key}",
+        check=matches(r"[^/].*", "a relative path pattern"),
+    )
+    output_target: Path = Path("/output")
+    hand_output_to_user: bool = False
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    """[limits]: resources each session container may use."""
+
+    cpus: float | None = None
+    memory: str | None = Field(None, check=lambda value: _size(value))
+    shm_size: str = Field("8g", check=lambda value: _size(value))
+    pids: int = Field(4096, check=at_least(64))
+
+
+def _size(value: str | None) -> str | None:
+    if value is None:
+        return None
+    return matches(r"\d+[bkmgt]?", 'a size such as "8g" or "512m"')(value.lower())
+
+
+@dataclass(frozen=True)
+class NotifyConfig:
+    """[notify]: e-mail to users through an SMTP server."""
+
+    enabled: bool = False
+    smtp_host: str = "localhost"
+    smtp_port: int = Field(25, check=at_least(1))
+    security: Literal["none", "starttls", "tls"] = "none"
+    username: str | None = None
+    password_file: Path | None = None
+    password_credential: str | None = None
+    sender: str = "gpuresa@localhost"
+    admin: str | None = None
+    timeout: timedelta = Field(timedelta(seconds=20), check=positive_duration)
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole configuration file."""
+
+    daemon: DaemonConfig = DaemonConfig()
+    reservations: ReservationsConfig = ReservationsConfig()
+    calendars: tuple[CalendarConfig, ...] = ()
+    hosts: tuple[HostConfig, ...] = ()
+    templates: TemplatesConfig = TemplatesConfig()
+    users: UsersConfig = UsersConfig()
+    storage: StorageConfig = StorageConfig()
+    limits: LimitsConfig = LimitsConfig()
+    notify: NotifyConfig = NotifyConfig()
+    source: str = Field("<defaults>", expected="(set by the loader)")
+
+    def host(self, name: str | None = None) -> HostConfig:
+        """The [[hosts]] entry named `name` (default: this daemon's host)."""
+        wanted = name or self.daemon.host
+        for host in self.hosts:
+            if host.name == wanted:
+                return host
+        raise UserError(f"no [[hosts]] entry is named {wanted!r} in {self.source}")
+
+    def calendar(self, name: str) -> CalendarConfig:
+        for calendar in self.calendars:
+            if calendar.name == name:
+                return calendar
+        known = ", ".join(calendar.name for calendar in self.calendars) or "none"
+        raise UserError(f"no calendar is named {name!r} (configured: {known})")
+
+
+def _cross_checks(config: Config) -> list[str]:
+    """Problems that involve more than one key."""
+    problems = []
+    host_names = [host.name for host in config.hosts]
+    for index, name in enumerate(host_names):
+        if name in host_names[:index]:
+            problems.append(f"hosts[{index}].name: {name!r} is used by another host")
+    calendar_names = [calendar.name for calendar in config.calendars]
+    for index, name in enumerate(calendar_names):
+        if name in calendar_names[:index]:
+            problems.append(f"calendars[{index}].name: {name!r} is used by another calendar")
+    if config.hosts and config.daemon.host not in host_names:
+        problems.append(
+            f"daemon.host: {config.daemon.host!r} is not one of the [[hosts]] "
+            f"({', '.join(host_names)})"
+        )
+    for index, calendar in enumerate(config.calendars):
+        if calendar.host is not None and calendar.host not in host_names:
+            problems.append(
+                f"calendars[{index}].host: {calendar.host!r} is not one of the [[hosts]]"
+            )
+        if (
+            calendar.kind == "ics"
+            and calendar.url.startswith("/") is False
+            and not (calendar.url.startswith("http://") or calendar.url.startswith("https://"))
+        ):
+            problems.append(
+                f"calendars[{index}].url: an ics calendar needs an absolute path or an "
+                f"http(s) URL, got {calendar.url!r}"
+            )
+        if calendar.kind == "caldav" and not calendar.url.startswith(("http://", "https://")):
+            problems.append(
+                f"calendars[{index}].url: a caldav calendar needs an http(s) URL, "
+                f"got {calendar.url!r}"
+            )
+    for index, host in enumerate(config.hosts):
+        ranges = {
+            "ssh_ports": host.ssh_ports,
+            "ftp_ports": host.ftp_ports,
+            "ftp_passive_ports": host.ftp_passive_ports,
+        }
+        names = list(ranges)
+        for position, first in enumerate(names):
+            for second in names[position + 1 :]:
+                if ranges[first].overlaps(ranges[second]):
+                    problems.append(
+                        f"hosts[{index}].{second}: overlaps {first} "
+                        f"({ranges[second]} and {ranges[first]})"
+                    )
+        if len(host.ftp_passive_ports) < host.ftp_passive_per_session:
+            problems.append(
+                f"hosts[{index}].ftp_passive_ports: fewer ports than "
+                f"ftp_passive_per_session ({host.ftp_passive_per_session})"
+            )
+    for index, mount in enumerate(config.storage.inputs):
+        if mount.target == config.storage.output_target:
+            problems.append(
+                f"storage.inputs[{index}].target: {mount.target} is the output folder's target"
+            )
+    return problems
+
+
+def parse_config(data: Mapping[str, Any], source: str = "<config>") -> Config:
+    """Build a `Config` from parsed TOML; raises `ConfigError` listing every problem."""
+    loader = Loader()
+    if "source" in data:
+        loader.problem("source", "unknown key")
+    document = dict(data)
+    document["source"] = source
+    config = loader.load(Config, document)
+    if config is not None:
+        loader.problems.extend(_cross_checks(config))
+    if loader.problems or config is None:
+        raise ConfigError(source, loader.problems)
+    return config
+
+
+def config_path(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """The config file to read: --config, else $GPURESA_CONFIG, else the default."""
+    if explicit:
+        return Path(explicit)
+    from_environment = os.environ.get(CONFIG_ENVIRONMENT_VARIABLE)
+    if from_environment:
+        return Path(from_environment)
+    return DEFAULT_CONFIG_PATH
+
+
+def load_config(path: str | os.PathLike[str] | None = None) -> Config:
+    """Read and check the config file; raises `UserError`/`ConfigError` with advice."""
+    file = config_path(path)
+    try:
+        raw = file.read_bytes()
+    except FileNotFoundError:
+        raise UserError(
+            f"{file}: no such config file; copy one from `gpuresa config example` "
+            f"or pass --config PATH (or set {CONFIG_ENVIRONMENT_VARIABLE})"
+        ) from None
+    except OSError as error:
+        raise UserError(f"{file}: cannot read the config file: {error.strerror}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as error:
+        raise ConfigError(str(file), [f"not UTF-8 text ({error.reason})"]) from None
+    except tomllib.TOMLDecodeError as error:
+        # tomllib's message already names the line and column
+        raise ConfigError(str(file), [f"TOML syntax error: {error}"]) from None
+    return parse_config(data, str(file))
+
+
+def read_secret(
+    key_path: str, file: Path | None, credential: str | None, *, required: bool = True
+) -> str | None:
+    """A password from a file or a systemd credential, never from the config itself.
+
+    `credential` names a file in $CREDENTIALS_DIRECTORY (systemd's LoadCredential=).
+    Returns None when neither is set and `required` is false; raises `UserError`
+    naming `key_path` otherwise.
+    """
+    if credential:
+        directory = os.environ.get("CREDENTIALS_DIRECTORY")
+        if not directory:
+            raise UserError(
+                f"{key_path}: credential {credential!r} is configured but "
+                "$CREDENTIALS_DIRECTORY is not set (use LoadCredential= in the systemd unit, "
+                "or a password_file)"
+            )
+        file = Path(directory) / credential
+    if file is None:
+        if required:
+            raise UserError(f"{key_path}: no password_file or password_credential is set")
+        return None
+    try:
+        return file.read_text(encoding="utf-8").rstrip("\r\n")
+    except OSError as error:
+        raise UserError(f"{key_path}: cannot read secret file {file}: {error.strerror}") from None
+
+
+def example_text() -> str:
+    """The documented example configuration (`config.example.toml`)."""
+    packaged = Path(__file__).with_name("config.example.toml")
+    if packaged.exists():
+        return packaged.read_text(encoding="utf-8")
+    return (Path(__file__).parents[1] / "config.example.toml").read_text(encoding="utf-8")

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Idempotent set-up of the development environment, run by `make setup`:
+#   1. .venv with gpuresa and its test extras (reinstalled when pyproject.toml changes);
+#   2. a Docker engine with user namespaces (installed and started when none answers);
+#   3. the local base image gpuresa/base:bookworm (rebuilt when its recipe changes).
+# Needs root on Debian/Ubuntu for steps 2 and 3 when something is missing.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+PYTHON=${PYTHON:-python3}
+BASE_IMAGE=gpuresa/base:bookworm
+DOCKERD_LOG=/var/log/gpuresa-dockerd.log
+
+say() { printf 'setup: %s\n' "$*"; }
+die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
+
+apt_updated=0
+apt_install() {
+    if [ "$(id -u)" != 0 ]; then die "need root to install $* (run: sudo make setup)"; fi
+    if [ "$apt_updated" = 0 ]; then
+        DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        apt_updated=1
+    fi
+    say "installing Debian packages: $*"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+# --- 1. Python environment -------------------------------------------------
+stamp_of() { cat pyproject.toml | sha256sum | cut -c1-16; }
+if [ ! -x .venv/bin/python ]; then
+    say "creating .venv"
+    "$PYTHON" -m venv .venv
+fi
+if [ "$(cat .venv/.gpuresa-stamp 2>/dev/null || true)" != "$(stamp_of)" ]; then
+    say "installing gpuresa and its test extras into .venv"
+    .venv/bin/pip install -q -e ".[test]"
+    stamp_of > .venv/.gpuresa-stamp
+else
+    say ".venv is up to date"
+fi
+
+# --- 2. Docker engine --------------------------------------------------------
+docker_answers() { timeout 10 docker info >/dev/null 2>&1; }
+
+if docker_answers; then
+    if docker info --format '{{json .SecurityOptions}}' | grep -q userns; then
+        say "Docker engine answers, with user namespaces"
+    else
+        say "WARNING: the Docker engine answers but runs WITHOUT user namespaces;"
+        say "WARNING: set \"userns-remap\": \"default\" in /etc/docker/daemon.json and restart it"
+    fi
+else
+    command -v dockerd >/dev/null 2>&1 || apt_install docker.io
+    command -v newuidmap >/dev/null 2>&1 || apt_install uidmap
+    mkdir -p /etc/docker
+    "$PYTHON" - <<'PY'
+import json, pathlib
+path = pathlib.Path("/etc/docker/daemon.json")
+settings = json.loads(path.read_text()) if path.exists() and path.read_text().strip() else {}
+if settings.get("userns-remap") != "default":
+    settings["userns-remap"] = "default"
+    path.write_text(json.dumps(settings, indent=2) + "\n")
+    print("setup: /etc/docker/daemon.json: userns-remap = default")
+PY
+    if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+        say "starting docker.service"
+        systemctl restart docker || true
+    else
+        say "starting dockerd (log: $DOCKERD_LOG)"
+        pkill -x dockerd 2>/dev/null && sleep 2 || true
+        rm -f /var/run/docker.pid
+        nohup dockerd >"$DOCKERD_LOG" 2>&1 &
+    fi
+    for _ in $(seq 60); do
+        docker_answers && break
+        sleep 1
+    done
+    if ! docker_answers; then
+        tail -n 20 "$DOCKERD_LOG" >&2 2>/dev/null || journalctl -u docker -n 20 >&2 || true
+        die "the Docker engine did not answer within 60 s (its log is above)"
+    fi
+    say "Docker engine answers"
+fi
+
+# --- 3. Local base image ------------------------------------------------------
+# bump BASE_RECIPE when the mmdebstrap/import lines below change
+BASE_RECIPE=1
+recipe_hash=$( (echo "$BASE_RECIPE"; cat templates/base/packages.txt) | sha256sum | cut -c1-16)
+current=$(docker image inspect --format '{{ index .Config.Labels "gpuresa.recipe" }}' \
+          "$BASE_IMAGE" 2>/dev/null || true)
+if [ "$current" = "$recipe_hash" ]; then
+    say "base image $BASE_IMAGE is up to date"
+else
+    command -v mmdebstrap >/dev/null 2>&1 || apt_install mmdebstrap
+    packages=$(grep -v '^#' templates/base/packages.txt | tr -s '[:space:]' ',' | sed 's/^,//; s/,$//')
+    workdir=$(mktemp -d)
+    trap 'rm -rf "$workdir"' EXIT
+    say "building $BASE_IMAGE with mmdebstrap (about 30 s): $packages"
+    mmdebstrap --quiet --variant=minbase --include="$packages" bookworm "$workdir/base.tar" \
+        || die "mmdebstrap failed (is the Debian mirror reachable?)"
+    docker import \
+        --change "LABEL gpuresa.recipe=$recipe_hash" \
+        --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+        --change 'CMD ["/bin/bash"]' \
+        "$workdir/base.tar" "$BASE_IMAGE" >/dev/null
+    say "built $BASE_IMAGE"
+fi
+say "ready"

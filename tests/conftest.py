@@ -1,0 +1,317 @@
+"""Real services for the tests: Radicale (CalDAV), a Docker engine, an SMTP server.
+
+A service that cannot start makes the test fail loudly; nothing here skips.
+Everything a test makes in Docker carries the run's label (or this run's host
+name) and is removed at the end; when a test fails, the logs and `inspect` of
+the containers it made are printed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import email
+import email.message
+import email.policy
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+import pytest
+
+BASE_IMAGE = "gpuresa/base:bookworm"
+RUN_ID = uuid.uuid4().hex[:10]
+# Sessions made by tests run for this host name, so their gpuresa.host label
+# tells them apart from anything else on the engine.
+TEST_HOST = f"test-{RUN_ID}"
+RUN_LABEL = "gpuresa.test-run"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def wait_for_port(port: int, timeout: float, what: str, process: Any = None) -> None:
+    """Wait until 127.0.0.1:port accepts a connection; fail the test after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            pytest.fail(f"{what} exited with code {process.returncode} before listening")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+            return
+        time.sleep(0.05)
+    pytest.fail(f"{what} did not listen on 127.0.0.1:{port} within {timeout} s")
+
+
+# --- failure reports -------------------------------------------------------------
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"report_{report.when}", report)
+
+
+def _failed(request: pytest.FixtureRequest) -> bool:
+    report = getattr(request.node, "report_call", None)
+    return bool(report is not None and report.failed)
+
+
+# --- Radicale -----------------------------------------------------------------------
+
+
+@dataclass
+class RadicaleServer:
+    """A running Radicale server with one user."""
+
+    url: str
+    username: str
+    password: str
+    password_file: Path
+    storage: Path
+    process: subprocess.Popen[bytes] | None = None
+    config_file: Path | None = None
+    port: int = 0
+    log_file: Path | None = None
+
+    def client(self) -> Any:
+        from caldav.davclient import DAVClient
+
+        return DAVClient(url=self.url, username=self.username, password=self.password)
+
+    def new_calendar(self, name: str | None = None) -> Any:
+        """A fresh, empty calendar collection; returns the caldav Calendar."""
+        principal = self.client().principal()
+        return principal.make_calendar(
+            name=name or f"cal-{uuid.uuid4().hex[:8]}", cal_id=uuid.uuid4().hex
+        )
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def start(self) -> None:
+        """(Re)start the server on the same port and storage."""
+        assert self.config_file is not None and self.log_file is not None
+        self.stop()
+        log = self.log_file.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "radicale", "--config", str(self.config_file)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        wait_for_port(self.port, 20, "Radicale", self.process)
+
+
+def start_radicale(directory: Path) -> RadicaleServer:
+    """Start Radicale with htpasswd (plain) authentication in `directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    username, password = "gpuresa", secrets.token_urlsafe(12)
+    users = directory / "users"
+    users.write_text(f"{username}:{password}\n")
+    password_file = directory / "password"
+    password_file.write_text(password + "\n")
+    port = free_port()
+    storage = directory / "collections"
+    config_file = directory / "config"
+    config_file.write_text(
+        f"""
+[server]
+hosts = 127.0.0.1:{port}
+[auth]
+type = htpasswd
+htpasswd_filename = {users}
+htpasswd_encryption = plain
+[storage]
+filesystem_folder = {storage}
+[logging]
+level = warning
+"""
+    )
+    server = RadicaleServer(
+        url=f"http://127.0.0.1:{port}/",
+        username=username,
+        password=password,
+        password_file=password_file,
+        storage=storage,
+        config_file=config_file,
+        port=port,
+        log_file=directory / "radicale.log",
+    )
+    server.start()
+    return server
+
+
+@pytest.fixture(scope="session")
+def radicale(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RadicaleServer]:
+    """A real Radicale server for the whole run (tests make their own calendars)."""
+    server = start_radicale(tmp_path_factory.mktemp("radicale"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def radicale_private(tmp_path: Path) -> Iterator[RadicaleServer]:
+    """A Radicale server of the test's own, which the test may stop and restart."""
+    server = start_radicale(tmp_path / "radicale")
+    yield server
+    server.stop()
+
+
+# --- Docker ---------------------------------------------------------------------------
+
+
+@dataclass
+class DockerHarness:
+    """The real Docker engine, with what a test made tracked for clean-up."""
+
+    client: Any
+    run_label: dict[str, str] = field(default_factory=lambda: {RUN_LABEL: RUN_ID})
+    host_name: str = TEST_HOST
+
+    def run(self, image: str = BASE_IMAGE, command: Any = None, **options: Any) -> Any:
+        """`docker run -d` with the run's label; removed at the end of the test."""
+        labels = {**options.pop("labels", {}), **self.run_label}
+        return self.client.containers.run(image, command, detach=True, labels=labels, **options)
+
+    def ours(self) -> list[Any]:
+        """Containers made by this run, directly or through gpuresa for TEST_HOST."""
+        found = {}
+        for filters in (
+            {"label": f"{RUN_LABEL}={RUN_ID}"},
+            {"label": f"gpuresa.host={self.host_name}"},
+        ):
+            for container in self.client.containers.list(all=True, filters=filters):
+                found[container.id] = container
+        return list(found.values())
+
+    def remove_all(self) -> None:
+        for container in self.ours():
+            with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+                container.remove(force=True)
+        for filters in (
+            {"label": f"{RUN_LABEL}={RUN_ID}"},
+            {"label": f"gpuresa.host={self.host_name}"},
+        ):
+            for network in self.client.networks.list(filters=filters):
+                with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+                    network.remove()
+
+    def dump(self) -> None:
+        """Print logs and inspect output of this run's containers (for a failed test)."""
+        for container in self.ours():
+            print(f"\n===== container {container.name} ({container.short_id}) =====")
+            with contextlib.suppress(docker.errors.APIError):
+                print(container.logs(tail=200).decode(errors="replace"))
+            print(json.dumps(container.attrs.get("State", {}), indent=2))
+            print(json.dumps(container.attrs.get("HostConfig", {}), indent=2)[:4000])
+
+
+@pytest.fixture(scope="session")
+def docker_client() -> Iterator[Any]:
+    """A client of the real engine; fails the run (never skips) when none answers."""
+    try:
+        client = docker.from_env(timeout=120)
+        client.ping()
+    except Exception as error:  # any failure to reach the engine is fatal here
+        pytest.fail(f"no Docker engine answers ({error}); run `make setup` first")
+    try:
+        client.images.get(BASE_IMAGE)
+    except docker.errors.ImageNotFound:
+        pytest.fail(f"the base image {BASE_IMAGE} is missing; run `make setup` first")
+    yield client
+    DockerHarness(client).remove_all()
+    client.close()
+
+
+@pytest.fixture
+def docker_harness(docker_client: Any, request: pytest.FixtureRequest) -> Iterator[DockerHarness]:
+    """The engine for one test; dumps logs on failure and removes what the test made."""
+    harness = DockerHarness(docker_client)
+    yield harness
+    if _failed(request):
+        harness.dump()
+    harness.remove_all()
+
+
+# --- SMTP --------------------------------------------------------------------------------
+
+
+@dataclass
+class SMTPServer:
+    """A real SMTP server (aiosmtpd) that keeps every message it receives."""
+
+    host: str
+    port: int
+    messages: list[email.message.EmailMessage] = field(default_factory=list)
+    envelopes: list[tuple[str, list[str]]] = field(default_factory=list)
+    arrived: threading.Condition = field(default_factory=threading.Condition)
+
+    def wait_for(self, count: int, timeout: float = 20) -> list[email.message.EmailMessage]:
+        """Wait until at least `count` messages arrived; fail the test otherwise."""
+        deadline = time.monotonic() + timeout
+        with self.arrived:
+            while len(self.messages) < count:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    subjects = [message["Subject"] for message in self.messages]
+                    pytest.fail(f"expected {count} e-mails within {timeout} s, got {subjects}")
+                self.arrived.wait(remaining)
+            return list(self.messages)
+
+
+class _CollectingHandler:
+    def __init__(self, server: SMTPServer) -> None:
+        self.server = server
+
+    async def handle_DATA(self, smtp: Any, session: Any, envelope: Any) -> str:
+        message = email.message_from_bytes(envelope.content, policy=email.policy.default)
+        assert isinstance(message, email.message.EmailMessage)
+        with self.server.arrived:
+            self.server.messages.append(message)
+            self.server.envelopes.append((envelope.mail_from, list(envelope.rcpt_tos)))
+            self.server.arrived.notify_all()
+        return "250 OK"
+
+
+@pytest.fixture
+def smtp_server() -> Iterator[SMTPServer]:
+    """A real SMTP server on a free port of 127.0.0.1."""
+    from aiosmtpd.controller import Controller
+
+    server = SMTPServer(host="127.0.0.1", port=free_port())
+    controller = Controller(_CollectingHandler(server), hostname=server.host, port=server.port)
+    controller.start()
+    try:
+        yield server
+    finally:
+        controller.stop()
+
+
+@pytest.fixture(autouse=True)
+def _no_inherited_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests never read the machine's own config or credentials by accident."""
+    monkeypatch.delenv("GPURESA_CONFIG", raising=False)
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    monkeypatch.delenv("JOURNAL_STREAM", raising=False)
+    os.environ.setdefault("TZ", "UTC")

@@ -1,0 +1,263 @@
+"""The config loader: defaults, every validator rejecting, all problems listed at once."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tomllib
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from gpuresa import config as config_module
+from gpuresa.cli import main
+from gpuresa.config import Config, load_config, parse_config, read_secret
+from gpuresa.errors import ConfigError, UserError
+from gpuresa.schema import Invalid, PortRange, format_duration, parse_duration
+
+ROOT = Path(__file__).parents[1]
+EXAMPLE = ROOT / "config.example.toml"
+
+MINIMAL_HOST = '[daemon]\nhost = "gpu1"\n[[hosts]]\nname = "gpu1"\n'
+
+
+def problems_of(text: str) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(tomllib.loads(text), "test.toml")
+    return caught.value.problems
+
+
+def test_empty_file_gives_the_defaults() -> None:
+    config = parse_config({}, "empty.toml")
+    assert config.daemon.poll_interval == timedelta(seconds=30)
+    assert config.daemon.warnings == (timedelta(minutes=15), timedelta(minutes=5))
+    assert config.templates.allowed == ("tensorflow", "digits", "pytorch")
+    assert config.hosts == ()
+
+
+def test_example_is_valid_and_sets_what_it_shows() -> None:
+    config = load_config(EXAMPLE)
+    assert config.daemon.host == "gpu1"
+    assert config.hosts[0].gpus == (0, 1, 2, 3)
+    assert config.calendars[0].password_credential == "caldav-password"
+    assert config.storage.inputs[0].target == Path("/data")
+
+
+def test_example_documents_every_key() -> None:
+    text = EXAMPLE.read_text()
+    import dataclasses
+
+    def keys(cls: type) -> set[str]:
+        found = set()
+        for field in dataclasses.fields(cls):
+            if field.name == "source":
+                continue
+            found.add(field.name)
+        return found
+
+    sections = {
+        "daemon": config_module.DaemonConfig,
+        "reservations": config_module.ReservationsConfig,
+        "calendars": config_module.CalendarConfig,
+        "hosts": config_module.HostConfig,
+        "templates": config_module.TemplatesConfig,
+        "users": config_module.UsersConfig,
+        "storage": config_module.StorageConfig,
+        "storage.inputs": config_module.InputMount,
+        "limits": config_module.LimitsConfig,
+        "notify": config_module.NotifyConfig,
+    }
+    missing = []
+    for section, cls in sections.items():
+        for key in keys(cls):
+            if section == "storage" and key == "inputs":
+                continue
+            if not re.search(rf"^#? ?{key} = ", text, re.MULTILINE):
+                missing.append(f"{section}.{key}")
+    assert missing == []
+    top_level = {field.name for field in dataclasses.fields(Config)} - {"source"}
+    assert top_level == {name.split(".")[0] for name in sections}
+
+
+def test_unknown_key_wrong_type_and_bad_duration_are_all_reported() -> None:
+    problems = problems_of(
+        MINIMAL_HOST
+        + '[notify]\nsmtp_prot = 25\nsmtp_port = "twenty-five"\n'
+        + '[reservations]\nmax_duration = "3 days"\n'
+    )
+    text = "\n".join(problems)
+    assert "notify.smtp_prot: unknown key" in text
+    assert "notify.smtp_port: expected an integer" in text
+    assert "reservations.max_duration: expected a duration" in text
+    assert len(problems) == 3
+
+
+@pytest.mark.parametrize(
+    ("snippet", "key", "fragment"),
+    [
+        ('[daemon]\npoll_interval = "0s"', "daemon.poll_interval", "longer than 0s"),
+        ('[daemon]\nwarnings = ["15m", "0s"]', "daemon.warnings", "longer than 0s"),
+        ('[daemon]\nstate_dir = "relative/dir"', "daemon.state_dir", "absolute path"),
+        ('[daemon]\nhost = "gpu/1"', "daemon.host", "host name"),
+        ("[daemon]\nstop_grace = 30", "daemon.stop_grace", "duration"),
+        ('[reservations]\ntimezone = "Mars/Olympus"', "reservations.timezone", "time zone"),
+        ('[reservations]\nallowed_users = ["Alice"]', "reservations.allowed_users", "logins"),
+        ('[[hosts]]\nname = "h"\ngpus = "four"', "hosts[0].gpus", 'GPU indices or "auto"'),
+        ('[[hosts]]\nname = "h"\ngpus = [0, 0]', "hosts[0].gpus", "must not repeat"),
+        ('[[hosts]]\nname = "h"\ngpus = [-1]', "hosts[0].gpus", "0 or more"),
+        ('[[hosts]]\nname = "h"\ngpu_mode = "amd"', "hosts[0].gpu_mode", "'nvidia'"),
+        ('[[hosts]]\nname = "h"\nssh_ports = "9-2"', "hosts[0].ssh_ports", "first <= last"),
+        ('[[hosts]]\nname = "h"\nssh_ports = "a-b"', "hosts[0].ssh_ports", "port range"),
+        (
+            '[[hosts]]\nname = "h"\nftp_ports = "20500-21500"',
+            "hosts[0].ftp_ports",
+            "overlaps ssh_ports",
+        ),
+        (
+            '[[hosts]]\nname = "h"\nftp_passive_ports = "40000-40001"',
+            "hosts[0].ftp_passive_ports",
+            "fewer ports",
+        ),
+        ('[[hosts]]\nname = "h"\nftp_passive_per_session = 0', "hosts[0]", "at least 1"),
+        ("[[hosts]]\ngpus = [0]", "hosts[0].name", "missing"),
+        ('[[hosts]]\nname = "a"\n[[hosts]]\nname = "a"', "hosts[1].name", "another host"),
+        ('[daemon]\nhost = "b"\n[[hosts]]\nname = "a"', "daemon.host", "not one of"),
+        ('[[calendars]]\nname = "c"\nurl = "ftp://x"', "calendars[0].url", "http(s) URL"),
+        (
+            '[[calendars]]\nname = "c"\nkind = "ics"\nurl = "feed.ics"',
+            "calendars[0].url",
+            "absolute path",
+        ),
+        ('[[calendars]]\nname = "c"\nurl = "https://x"\nkind = "ical"', "calendars[0].kind", ""),
+        (
+            '[[calendars]]\nname = "c"\nurl = "https://x"\nsummary_regex = "(unclosed"',
+            "calendars[0].summary_regex",
+            "regular expression",
+        ),
+        (
+            '[[calendars]]\nname = "c"\nurl = "https://x"\nhost = "nowhere"',
+            "calendars[0].host",
+            "not one of",
+        ),
+        (
+            '[[calendars]]\nname = "c"\nurl = "https://x"\nemail_logins = {"a@b" = "Bad Login"}',
+            "calendars[0].email_logins",
+            "logins",
+        ),
+        ('[[calendars]]\nname = "c"\nurl = "https://x"\ndefault_gpus = 0', "calendars[0]", ""),
+        ('[[calendars]]\nname = "bad name"\nurl = "https://x"', "calendars[0].name", ""),
+        ("[users]\nuid_base = 10", "users.uid_base", "at least 1000"),
+        ('[users]\nuids = {"Alice" = 1000}', "users.uids", "logins"),
+        ('[users]\nuids = {"alice" = "x"}', "users.uids.alice", "integer"),
+        ('[limits]\nmemory = "lots"', "limits.memory", "size"),
+        ("[limits]\npids = 10", "limits.pids", "at least 64"),
+        ("[limits]\ncpus = true", "limits.cpus", "number"),
+        ('[storage]\noutput_pattern = "/abs/{user}"', "storage.output_pattern", "relative"),
+        (
+            '[[storage.inputs]]\nsource = "/a"\ntarget = "/output"',
+            "storage.inputs[0].target",
+            "output folder",
+        ),
+        ('[[storage.inputs]]\nsource = "a"\ntarget = "/x"', "storage.inputs[0].source", ""),
+        ('[notify]\nsecurity = "ssl"', "notify.security", "'starttls'"),
+        ('[notify]\nenabled = "yes"', "notify.enabled", "true or false"),
+        ("daemon = 3", "daemon", "expected a table"),
+        ('source = "x"', "source", "unknown key"),
+    ],
+)
+def test_each_validator_rejects(snippet: str, key: str, fragment: str) -> None:
+    problems = problems_of(snippet)
+    matching = [problem for problem in problems if problem.startswith(key)]
+    assert matching, problems
+    assert any(fragment in problem for problem in matching), problems
+
+
+def test_durations() -> None:
+    assert parse_duration("90s") == timedelta(seconds=90)
+    assert parse_duration("1h30m") == timedelta(minutes=90)
+    assert parse_duration("2d") == timedelta(days=2)
+    assert format_duration(timedelta(minutes=90)) == "1h30m"
+    for bad in ["", "30", "5 minutes", "1y", "-1m", "m"]:
+        with pytest.raises(Invalid):
+            parse_duration(bad)
+
+
+def test_port_range_behaves_as_a_range() -> None:
+    ports = PortRange(100, 102)
+    assert list(ports) == [100, 101, 102]
+    assert len(ports) == 3 and 101 in ports and 103 not in ports
+    assert ports.overlaps(PortRange(102, 200)) and not ports.overlaps(PortRange(103, 200))
+
+
+def test_toml_syntax_error_names_its_line(tmp_path: Path) -> None:
+    file = tmp_path / "config.toml"
+    file.write_text('[daemon]\nhost = "gpu1"\npoll_interval = \n')
+    with pytest.raises(ConfigError) as caught:
+        load_config(file)
+    assert "line 3" in str(caught.value)
+
+
+def test_missing_file_is_a_user_error(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="no such config file"):
+        load_config(tmp_path / "absent.toml")
+
+
+def test_config_path_from_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    file = tmp_path / "config.toml"
+    file.write_text(MINIMAL_HOST)
+    monkeypatch.setenv("GPURESA_CONFIG", str(file))
+    assert main(["config", "validate"]) == 0
+    assert str(file) in capsys.readouterr().out
+
+
+def test_secrets_from_file_and_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("s3cret\n")
+    assert read_secret("notify", secret, None) == "s3cret"
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))
+    assert read_secret("notify", None, "secret") == "s3cret"
+    assert read_secret("notify", None, None, required=False) is None
+    with pytest.raises(UserError, match="notify: cannot read"):
+        read_secret("notify", None, "absent")
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY")
+    with pytest.raises(UserError, match="CREDENTIALS_DIRECTORY is not set"):
+        read_secret("notify", None, "secret")
+    with pytest.raises(UserError, match="no password_file"):
+        read_secret("notify", None, None)
+
+
+def test_cli_validate_exit_codes(tmp_path: Path) -> None:
+    good = subprocess.run(
+        [sys.executable, "-m", "gpuresa.cli", "config", "validate", "--config", str(EXAMPLE)],
+        capture_output=True,
+        text=True,
+    )
+    assert good.returncode == 0, good.stderr
+    bad_file = tmp_path / "bad.toml"
+    bad_file.write_text(MINIMAL_HOST + 'typo = 1\n[notify]\nsmtp_port = "x"\n[daemon.extra]\n')
+    bad = subprocess.run(
+        [sys.executable, "-m", "gpuresa.cli", "--config", str(bad_file), "config", "validate"],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 1
+    assert "Traceback" not in bad.stderr
+    assert "hosts[0].typo: unknown key" in bad.stderr
+    assert "notify.smtp_port: expected an integer" in bad.stderr
+    assert "daemon.extra: unknown key" in bad.stderr
+
+
+def test_cli_example_prints_the_reference(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "example"]) == 0
+    assert capsys.readouterr().out == EXAMPLE.read_text()
+
+
+def test_cli_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(["--version"])
+    assert caught.value.code == 0
+    assert capsys.readouterr().out.startswith("gpuresa ")
