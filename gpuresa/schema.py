@@ -134,14 +134,14 @@ class Loader:
     def problem(self, path: str, message: str) -> None:
         self.problems.append(f"{path}: {message}" if path else message)
 
-    def load(self, cls: type[T], data: Mapping[str, Any], path: str = "") -> T | None:
+    def load(self, cls: type[T], data: Any, path: str = "") -> T | None:
         """Build `cls` from a table; returns None (with problems recorded) when it cannot."""
         if not isinstance(data, Mapping):
             self.problem(path, f"expected a table, got {data!r}")
             return None
-        assert dataclasses.is_dataclass(cls)
         hints = get_type_hints(cls)
-        fields = {field.name: field for field in dataclasses.fields(cls) if field.init}
+        schema: Any = cls
+        fields = {field.name: field for field in dataclasses.fields(schema) if field.init}
         for key in data:
             if key not in fields:
                 known = ", ".join(sorted(fields))
@@ -171,9 +171,9 @@ class Loader:
                 continue
             check: Check | None = field.metadata.get("check")
             if check is not None:
-                message = check(value)
-                if message:
-                    self.problem(key_path, message)
+                complaint = check(value)
+                if complaint:
+                    self.problem(key_path, complaint)
                     failed = True
                     continue
             values[name] = value
@@ -187,7 +187,7 @@ class Loader:
         if kind is PortRange:
             return parse_port_range(value)
         if dataclasses.is_dataclass(kind):
-            built = self.load(typing.cast(type, kind), value, path)
+            built: object = self.load(typing.cast(type, kind), value, path)
             if built is None:
                 # the nested problems are already recorded with their own paths
                 raise _AlreadyReported()

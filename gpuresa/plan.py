@@ -1,0 +1,397 @@
+"""The planner: what the calendar wants against what Docker runs, as a list of actions.
+
+`plan()` is pure: it reads no clock, touches no Docker and no network, so the
+poll, the exact-time triggers, a restart and `gpuresa plan` all get the same
+answer from the same facts. `gpuresa.daemon` carries the actions out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from gpuresa.allocation import AllocationError, Holding, Ports, allocate_gpus, allocate_ports
+from gpuresa.config import Config, HostConfig
+from gpuresa.model import Reservation, Session, SessionSpec
+
+# Sessions started by `gpuresa session start` run to the end in their labels;
+# no calendar explains them, and they are not orphans.
+AD_HOC_PREFIX = "adhoc-"
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """The host this daemon manages and the GPU indices it can hand out."""
+
+    host: HostConfig
+    gpus: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Memory:
+    """What earlier rounds decided and the planner must not forget (kept in the journal).
+
+    missing_since: when a session's reservation was first found missing
+        (cancelled, deleted, or never known), which starts its grace period;
+    known: keys of every reservation ever seen, to tell a cancelled booking
+        (warn the user) from an orphan (nobody to warn);
+    warnings_sent: (key, seconds before the end) pairs already sent;
+    cancel_notified: keys whose user was already told of the cancellation;
+    retry_after: keys whose start failed, not to be retried before that time;
+    failed: keys whose reservation cannot be served (reported once).
+    """
+
+    missing_since: Mapping[str, datetime] = field(default_factory=dict)
+    known: frozenset[str] = frozenset()
+    warnings_sent: frozenset[tuple[str, int]] = frozenset()
+    cancel_notified: frozenset[str] = frozenset()
+    retry_after: Mapping[str, datetime] = field(default_factory=dict)
+    failed: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Action:
+    """One step for the daemon to carry out; `key` is the reservation's occurrence key."""
+
+    key: str
+
+    # lower runs first: stops free GPUs and ports before starts take them
+    order = 50
+
+    def describe(self) -> str:
+        return f"{type(self).__name__.lower()} {self.key}"
+
+
+@dataclass(frozen=True)
+class Stop(Action):
+    """Stop and remove the session; the output folder is kept."""
+
+    reason: str = "ended"
+    grace: timedelta = timedelta(seconds=30)
+    order = 10
+
+    def describe(self) -> str:
+        return f"stop {self.key} ({self.reason})"
+
+
+@dataclass(frozen=True)
+class Fail(Action):
+    """The reservation cannot be served (no free GPUs or ports); report it once."""
+
+    reason: str = ""
+    user: str = ""
+    email: str | None = None
+    order = 20
+
+    def describe(self) -> str:
+        return f"fail {self.key}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class Recreate(Action):
+    """The session's containers exited before its end: remove and start them again."""
+
+    spec: SessionSpec | None = None
+    order = 30
+
+
+@dataclass(frozen=True)
+class Start(Action):
+    """Start the session (preparing it first when that was not done)."""
+
+    spec: SessionSpec | None = None
+    order = 40
+
+    def describe(self) -> str:
+        assert self.spec is not None
+        return (
+            f"start {self.key} for {self.spec.user} (GPUs {list(self.spec.gpus)}, "
+            f"ssh {self.spec.ssh_port}, ftp {self.spec.ftp_port})"
+        )
+
+
+@dataclass(frozen=True)
+class Prepare(Action):
+    """Make the session ready to start: image, output folder, containers created."""
+
+    spec: SessionSpec | None = None
+    order = 45
+
+
+@dataclass(frozen=True)
+class Extend(Action):
+    """The reservation's end changed while its session exists."""
+
+    end: datetime = datetime.min
+    order = 60
+
+    def describe(self) -> str:
+        return f"extend {self.key} to {self.end.isoformat()}"
+
+
+@dataclass(frozen=True)
+class Warn(Action):
+    """Tell the user the session ends soon; `before` is the warning threshold."""
+
+    before: timedelta = timedelta(0)
+    end: datetime = datetime.min
+    order = 70
+
+    def describe(self) -> str:
+        return f"warn {self.key} ({int(self.before.total_seconds() // 60)} min before the end)"
+
+
+@dataclass(frozen=True)
+class NotifyCancel(Action):
+    """Tell the user their booking is gone and when the session will stop."""
+
+    stop_at: datetime = datetime.min
+    order = 80
+
+
+def plan(
+    reservations: Iterable[Reservation],
+    sessions: Iterable[Session],
+    inventory: Inventory,
+    now: datetime,
+    config: Config,
+    memory: Memory = Memory(),
+) -> list[Action]:
+    """The actions that bring the sessions in line with the reservations at `now`.
+
+    Given this host's reservations (validated, conflicts resolved), the
+    sessions Docker runs for this host, the inventory, and the memory of
+    earlier rounds; returns the actions in the order they must run (stops
+    first). Raises nothing: a reservation that cannot be served becomes a
+    `Fail` action.
+    """
+    daemon = config.daemon
+    wanted = {
+        reservation.key: reservation
+        for reservation in reservations
+        if reservation.host == inventory.host.name
+    }
+    existing = {session.key: session for session in sessions}
+    actions: list[Action] = []
+
+    holdings: list[Holding] = []
+    taken_ports: list[Ports] = []
+    stopping: set[str] = set()
+
+    for key, session in existing.items():
+        reservation = wanted.get(key)
+        stop = _stop_for(session, reservation, now, config, memory)
+        if stop is not None:
+            actions.append(stop)
+            stopping.add(key)
+            # ports stay bound until the containers are gone, after this round
+            taken_ports.append(_ports_of(session))
+            continue
+        end = reservation.end if reservation is not None else session.end
+        holdings.append(Holding(key, session.gpus, _ports_of(session), session.start, end))
+        taken_ports.append(_ports_of(session))
+        if reservation is None:
+            actions.extend(_missing_notices(session, now, config, memory))
+            continue
+        if reservation.end != session.end:
+            actions.append(Extend(key, end=reservation.end))
+        spec = _spec_from_session(session, reservation)
+        if session.state == "created" and now >= reservation.start:
+            if _may_try(key, now, memory):
+                actions.append(Start(key, spec=spec))
+        elif session.state == "stopped" and now >= reservation.start:
+            if _may_try(key, now, memory):
+                actions.append(Recreate(key, spec=spec))
+        elif session.state == "running":
+            warning = _due_warning(key, reservation.end, now, daemon.warnings, memory)
+            if warning is not None:
+                actions.append(Warn(key, before=warning, end=reservation.end))
+
+    # new sessions, earliest first so an earlier booking gets its GPUs first
+    for reservation in sorted(wanted.values(), key=lambda item: (item.start, item.key)):
+        key = reservation.key
+        if key in existing or now >= reservation.end:
+            continue
+        if now < reservation.start - daemon.prepare_ahead:
+            continue
+        if key in memory.failed or not _may_try(key, now, memory):
+            continue
+        spec_or_reason = _allocate(reservation, inventory, holdings, taken_ports)
+        if isinstance(spec_or_reason, str):
+            actions.append(
+                Fail(key, reason=spec_or_reason, user=reservation.user, email=reservation.email)
+            )
+            continue
+        spec = spec_or_reason
+        holdings.append(
+            Holding(key, spec.gpus, _ports_of(spec), reservation.start, reservation.end)
+        )
+        taken_ports.append(_ports_of(spec))
+        actions.append(
+            Start(key, spec=spec) if now >= reservation.start else Prepare(key, spec=spec)
+        )
+    return sorted(actions, key=lambda action: (action.order, action.key))
+
+
+def _stop_for(
+    session: Session,
+    reservation: Reservation | None,
+    now: datetime,
+    config: Config,
+    memory: Memory,
+) -> Stop | None:
+    """A Stop when the session must end now, else None."""
+    grace = config.daemon.stop_grace
+    if reservation is not None:
+        if now >= reservation.end:
+            return Stop(session.key, reason="ended", grace=grace)
+        return None
+    if session.key.startswith(AD_HOC_PREFIX):
+        # an ad-hoc session runs to the end it was given
+        return Stop(session.key, reason="ended", grace=grace) if now >= session.end else None
+    if now >= session.end:
+        return Stop(session.key, reason="ended", grace=grace)
+    reason = "cancelled" if session.key in memory.known else "orphan"
+    if session.state == "created":
+        # prepared but never started: nobody uses it, so no grace period
+        return Stop(session.key, reason=reason, grace=grace)
+    if now >= _missing_deadline(session, now, config, memory):
+        return Stop(session.key, reason=reason, grace=grace)
+    return None
+
+
+def _missing_deadline(session: Session, now: datetime, config: Config, memory: Memory) -> datetime:
+    """When a session whose reservation is gone must stop (after its grace)."""
+    since = memory.missing_since.get(session.key, now)
+    if session.key in memory.known:
+        return since + config.daemon.cancel_grace
+    return since + config.daemon.orphan_grace
+
+
+def _missing_notices(
+    session: Session, now: datetime, config: Config, memory: Memory
+) -> list[Action]:
+    """Tell the user of a cancelled booking, once; orphans have nobody to tell."""
+    if session.key.startswith(AD_HOC_PREFIX) or session.key not in memory.known:
+        return []
+    if session.key in memory.cancel_notified or session.state != "running":
+        return []
+    deadline = min(_missing_deadline(session, now, config, memory), session.end)
+    return [NotifyCancel(session.key, stop_at=deadline)]
+
+
+def _due_warning(
+    key: str,
+    end: datetime,
+    now: datetime,
+    warnings: tuple[timedelta, ...],
+    memory: Memory,
+) -> timedelta | None:
+    """The most urgent warning due and not yet sent (after a restart, only that one)."""
+    due = [
+        warning
+        for warning in warnings
+        if end - warning <= now < end
+        and (key, int(warning.total_seconds())) not in memory.warnings_sent
+    ]
+    return min(due) if due else None
+
+
+def _may_try(key: str, now: datetime, memory: Memory) -> bool:
+    retry_after = memory.retry_after.get(key)
+    return retry_after is None or now >= retry_after
+
+
+def _allocate(
+    reservation: Reservation,
+    inventory: Inventory,
+    holdings: list[Holding],
+    taken_ports: list[Ports],
+) -> SessionSpec | str:
+    """A spec with GPUs and ports for a new session, or the reason there is none."""
+    gpus: tuple[int, ...] = ()
+    if reservation.gpus > 0 and inventory.host.gpu_mode != "none":
+        chosen = allocate_gpus(
+            inventory.gpus, reservation.gpus, reservation.start, reservation.end, holdings
+        )
+        if chosen is None:
+            return (
+                f"{reservation.gpus} GPU(s) are not free on {inventory.host.name} "
+                f"from {reservation.start.isoformat()} to {reservation.end.isoformat()}"
+            )
+        gpus = chosen
+    try:
+        ports = allocate_ports(inventory.host, taken_ports)
+    except AllocationError as error:
+        return str(error)
+    return SessionSpec(
+        key=reservation.key,
+        user=reservation.user,
+        host=reservation.host,
+        template=reservation.template,
+        cuda=reservation.cuda,
+        gpus=gpus,
+        start=reservation.start,
+        end=reservation.end,
+        ssh_port=ports.ssh,
+        ftp_port=ports.ftp,
+        ftp_passive_first=ports.passive_first,
+        ftp_passive_last=ports.passive_last,
+        email=reservation.email,
+    )
+
+
+def _spec_from_session(session: Session, reservation: Reservation) -> SessionSpec:
+    """The spec of an existing session: its GPUs and ports, the reservation's times."""
+    return SessionSpec(
+        key=session.key,
+        user=session.user,
+        host=session.host,
+        template=session.template,
+        cuda=session.cuda,
+        gpus=session.gpus,
+        start=reservation.start,
+        end=reservation.end,
+        ssh_port=session.ssh_port,
+        ftp_port=session.ftp_port,
+        ftp_passive_first=session.ftp_passive_first,
+        ftp_passive_last=session.ftp_passive_last,
+        email=reservation.email or session.email,
+    )
+
+
+def _ports_of(item: Session | SessionSpec) -> Ports:
+    return Ports(item.ssh_port, item.ftp_port, item.ftp_passive_first, item.ftp_passive_last)
+
+
+def wakeups(
+    reservations: Iterable[Reservation],
+    sessions: Iterable[Session],
+    inventory: Inventory,
+    now: datetime,
+    config: Config,
+    memory: Memory = Memory(),
+) -> list[datetime]:
+    """Every future instant at which `plan()` may answer differently, sorted.
+
+    The daemon schedules an exact-time reconcile at each, so a session starts,
+    gets its warnings and ends on time rather than at the next poll.
+    """
+    daemon = config.daemon
+    reservations = list(reservations)
+    wanted_keys = {reservation.key for reservation in reservations}
+    instants: set[datetime] = set()
+    for reservation in reservations:
+        if reservation.host != inventory.host.name:
+            continue
+        instants.add(reservation.start - daemon.prepare_ahead)
+        instants.add(reservation.start)
+        instants.add(reservation.end)
+        instants.update(reservation.end - warning for warning in daemon.warnings)
+    for session in sessions:
+        instants.add(session.end)
+        if session.key not in wanted_keys and not session.key.startswith(AD_HOC_PREFIX):
+            instants.add(_missing_deadline(session, now, config, memory))
+    instants.update(memory.retry_after.values())
+    return sorted(instant for instant in instants if instant > now)
