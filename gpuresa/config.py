@@ -210,6 +210,7 @@ class NotifyConfig:
     smtp_host: str = "localhost"
     smtp_port: int = Field(25, check=at_least(1))
     security: Literal["none", "starttls", "tls"] = "none"
+    ca_file: Path | None = None
     username: str | None = None
     password_file: Path | None = None
     password_credential: str | None = None
