@@ -1,0 +1,246 @@
+"""`gpuresa run|status|history|plan|demo`: the service and what admins ask of it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from gpuresa.config import Config, load_config
+from gpuresa.errors import UserError
+from gpuresa.schema import Invalid, parse_duration
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    run = subparsers.add_parser("run", help="run the daemon in the foreground (systemd runs this)")
+    run.set_defaults(handler=run_command)
+
+    status = subparsers.add_parser(
+        "status", help="running sessions, upcoming and rejected reservations, calendar freshness"
+    )
+    status.add_argument("--json", action="store_true", help="print one JSON object")
+    status.set_defaults(handler=status_command)
+
+    history = subparsers.add_parser(
+        "history", help="what happened to reservations, from the journal"
+    )
+    history.add_argument("--user", help="only this login's reservations")
+    history.add_argument("--limit", type=int, default=200, help="newest N entries (default 200)")
+    history.set_defaults(handler=history_command)
+
+    plan = subparsers.add_parser(
+        "plan", help="what the daemon would do now (or --at), doing nothing"
+    )
+    plan.add_argument("--at", metavar="ISO", help="plan for this instant instead of now")
+    plan.set_defaults(handler=plan_command)
+
+    demo = subparsers.add_parser(
+        "demo", help="run the service on built-in demo defaults (a booking ~30 s from now)"
+    )
+    demo.add_argument("--dir", default=".demo", help="where the demo keeps its files")
+    demo.add_argument("--start-in", default="30s", help="when the demo booking starts")
+    demo.add_argument("--length", default="5m", help="how long the demo booking lasts")
+    demo.set_defaults(handler=demo_command)
+
+
+def run_command(arguments: argparse.Namespace) -> int:
+    from gpuresa.daemon import Daemon
+
+    Daemon(load_config(arguments.config)).run()
+    return 0
+
+
+def parse_instant(text: str, option: str) -> datetime:
+    """An ISO 8601 instant; a naive one is read as UTC."""
+    try:
+        instant = datetime.fromisoformat(text)
+    except ValueError:
+        raise UserError(
+            f"{option}: expected an ISO 8601 time such as 2026-12-01T09:00, got {text!r}"
+        ) from None
+    return instant if instant.tzinfo else instant.replace(tzinfo=UTC)
+
+
+def _iso(instant: datetime | None) -> str | None:
+    return instant.astimezone(UTC).isoformat() if instant is not None else None
+
+
+def _open_journal(config: Config) -> Any:
+    from gpuresa.daemon import journal_path
+    from gpuresa.journal import Journal
+
+    path = journal_path(config)
+    if not path.exists():
+        raise UserError(f"{path}: no journal yet; has `gpuresa run` ever run with this config?")
+    return Journal(path, read_only=True)
+
+
+def status_report(config: Config, now: datetime) -> dict[str, Any]:
+    """What `gpuresa status --json` prints: sessions from Docker, the rest from the journal."""
+    from gpuresa.runtime import Runtime, RuntimeUnavailable
+
+    report: dict[str, Any] = {"host": config.daemon.host, "now": _iso(now)}
+    try:
+        sessions = Runtime(config).list_sessions()
+        report["docker"] = "ok"
+    except RuntimeUnavailable as error:
+        sessions = []
+        report["docker"] = f"unavailable: {error}"
+    report["sessions"] = [
+        {
+            "key": session.key,
+            "user": session.user,
+            "host": session.host,
+            "template": session.template,
+            "cuda": session.cuda,
+            "gpus": list(session.gpus),
+            "state": session.state,
+            "ssh_port": session.ssh_port,
+            "ftp_port": session.ftp_port,
+            "since": _iso(session.start),
+            "until": _iso(session.end),
+            "output": str(session.output_dir),
+        }
+        for session in sorted(sessions, key=lambda item: (item.start, item.key))
+    ]
+    journal = _open_journal(config)
+    try:
+        running_keys = {session.key for session in sessions}
+        report["upcoming"] = [
+            {
+                "key": reservation.key,
+                "user": reservation.user,
+                "host": reservation.host,
+                "template": reservation.template,
+                "cuda": reservation.cuda,
+                "gpus": reservation.gpus,
+                "start": _iso(reservation.start),
+                "end": _iso(reservation.end),
+                "state": journal.state(reservation.key),
+            }
+            for reservation in journal.reservations(ending_after=now)
+            if reservation.key not in running_keys and reservation.host == config.daemon.host
+        ]
+        report["rejected"] = [
+            {
+                "key": record.key,
+                "calendar": record.calendar,
+                "user": record.user,
+                "reason": record.reason,
+            }
+            for record in journal.rejections(ending_after=now)
+        ]
+        report["calendars"] = {
+            name: {
+                "last_success": _iso(calendar.last_success),
+                "last_error": calendar.last_error,
+                "stale_seconds": (
+                    round((now - calendar.last_success).total_seconds())
+                    if calendar.last_success
+                    else None
+                ),
+            }
+            for name, calendar in journal.calendars().items()
+        }
+        pid = journal.get_meta("daemon_pid")
+        report["daemon_pid"] = int(pid) if pid else None
+    finally:
+        journal.close()
+    return report
+
+
+def status_command(arguments: argparse.Namespace) -> int:
+    config = load_config(arguments.config)
+    report = status_report(config, datetime.now(UTC))
+    if arguments.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"host {report['host']}  (Docker: {report['docker']})")
+    print(f"\nrunning sessions ({len(report['sessions'])}):")
+    for item in report["sessions"]:
+        print(
+            f"  {item['key']:<40} {item['user']:<12} GPUs {item['gpus']!s:<10} "
+            f"ssh {item['ssh_port']} ftp {item['ftp_port']}  {item['since']} → {item['until']}"
+            f"  [{item['state']}]"
+        )
+    print(f"\nupcoming reservations ({len(report['upcoming'])}):")
+    for item in report["upcoming"]:
+        print(
+            f"  {item['key']:<40} {item['user']:<12} {item['gpus']} GPU(s) {item['template']}"
+            f"  {item['start']} → {item['end']}"
+        )
+    print(f"\nrejected ({len(report['rejected'])}):")
+    for item in report["rejected"]:
+        print(f"  {item['key']:<40} {item['reason']}")
+    print("\ncalendars:")
+    for name, item in report["calendars"].items():
+        freshness = (
+            f"last read {item['stale_seconds']} s ago"
+            if item["stale_seconds"] is not None
+            else "never read"
+        )
+        error = f"; last error: {item['last_error']}" if item["last_error"] else ""
+        print(f"  {name}: {freshness}{error}")
+    return 0
+
+
+def history_command(arguments: argparse.Namespace) -> int:
+    config = load_config(arguments.config)
+    journal = _open_journal(config)
+    try:
+        entries = journal.history(user=arguments.user, limit=arguments.limit)
+    finally:
+        journal.close()
+    for entry in entries:
+        detail = f"  {entry.detail}" if entry.detail else ""
+        print(
+            f"{entry.at.astimezone(UTC):%Y-%m-%d %H:%M:%S}  {entry.key:<40} "
+            f"{entry.user or '-':<12} {entry.kind:<6} {entry.what}{detail}"
+        )
+    if not entries:
+        print("no history" + (f" for {arguments.user}" if arguments.user else ""))
+    return 0
+
+
+def plan_command(arguments: argparse.Namespace) -> int:
+    from gpuresa.calendars import Calendars
+    from gpuresa.daemon import journal_path
+    from gpuresa.journal import Journal
+    from gpuresa.plan import Inventory, Memory, plan
+    from gpuresa.runtime import Runtime
+
+    config = load_config(arguments.config)
+    now = parse_instant(arguments.at, "--at") if arguments.at else datetime.now(UTC)
+    report = Calendars(config).poll(now)
+    runtime = Runtime(config)
+    sessions = runtime.list_sessions()
+    inventory = Inventory(config.host(), runtime.host_gpus())
+    known: frozenset[str] = frozenset()
+    if journal_path(config).exists():
+        journal = Journal(journal_path(config), read_only=True)
+        try:
+            known = frozenset(journal.states())
+        finally:
+            journal.close()
+    mine = [item for item in report.reservations.reservations if item.host == config.daemon.host]
+    actions = plan(mine, sessions, inventory, now, config, Memory(known=known))
+    print(f"at {now.isoformat()} on {config.daemon.host}: {len(actions)} action(s)")
+    for action in actions:
+        print(f"  {action.describe()}")
+    return 0
+
+
+def demo_command(arguments: argparse.Namespace) -> int:
+    from gpuresa.demo import run_demo
+
+    try:
+        start_in = parse_duration(arguments.start_in)
+        length = parse_duration(arguments.length)
+    except Invalid as error:
+        raise UserError(f"--start-in/--length: {error}") from None
+    if length < timedelta(minutes=1):
+        raise UserError("--length: the demo booking must last at least 1m")
+    run_demo(Path(arguments.dir), start_in, length)
+    return 0

@@ -1,0 +1,510 @@
+"""The service: poll the calendars, plan, carry the actions out, on time, for months.
+
+Wiring only: decisions are `gpuresa.plan`'s, Docker is `gpuresa.runtime`'s,
+e-mail is `gpuresa.notify`'s. One lock serialises every reconcile, so the
+poll, the exact-time triggers and the retries never act on the same session at
+once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import FrameType
+
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from gpuresa import systemd
+from gpuresa.calendars import CalendarReport, Calendars
+from gpuresa.config import Config, load_config
+from gpuresa.errors import UserError
+from gpuresa.journal import Journal
+from gpuresa.model import Rejection, Reservation, Session
+from gpuresa.notify import (
+    Notifier,
+    NotifyError,
+    cancel_message,
+    end_message,
+    failure_message,
+    rejection_message,
+    start_message,
+    wall_text,
+    warning_message,
+)
+from gpuresa.plan import (
+    Action,
+    Extend,
+    Fail,
+    Inventory,
+    Memory,
+    NotifyCancel,
+    Prepare,
+    Recreate,
+    Start,
+    Stop,
+    Warn,
+    plan,
+    wakeups,
+)
+from gpuresa.runtime import Runtime, RuntimeUnavailable
+
+log = logging.getLogger(__name__)
+
+# A failed start is retried after these delays (then every last one).
+RETRY_DELAYS = (timedelta(seconds=15), timedelta(seconds=60), timedelta(minutes=5))
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def journal_path(config: Config) -> Path:
+    return config.daemon.state_dir / "journal.sqlite"
+
+
+@dataclass
+class Remembered:
+    """What the daemon keeps between rounds, mirrored in the journal where a restart needs it."""
+
+    missing_since: dict[str, datetime] = field(default_factory=dict)
+    warnings_sent: set[tuple[str, int]] = field(default_factory=set)
+    cancel_notified: set[str] = field(default_factory=set)
+    retry_after: dict[str, datetime] = field(default_factory=dict)
+    attempts: dict[str, int] = field(default_factory=dict)
+    failed: set[str] = field(default_factory=set)
+
+
+class Daemon:
+    """gpuresa's main loop. `run()` blocks until SIGTERM/SIGINT; sessions outlive it."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        runtime: Runtime | None = None,
+        clock: Callable[[], datetime] = utc_now,
+        on_start: Callable[[Session, str], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.runtime = runtime or Runtime(config)
+        self.calendars = Calendars(config)
+        self.notifier = Notifier(config.notify, config.users)
+        self.journal = Journal(journal_path(config))
+        self.on_start = on_start
+        self.lock = threading.RLock()
+        self.reservations: list[Reservation] = []
+        self.remembered = Remembered()
+        self._load_missing_since()
+        self.scheduler = BackgroundScheduler(timezone=UTC, job_defaults={"coalesce": True})
+        self.stopping = threading.Event()
+        self.docker_backoff = timedelta(seconds=1)
+        self.inventory: Inventory | None = None
+        self.last_poll: datetime | None = None
+        self.reload_requested = threading.Event()
+
+    # --- life cycle ----------------------------------------------------------------
+
+    def run(self) -> None:
+        """Run until SIGTERM or SIGINT; SIGHUP reloads the config."""
+        signal.signal(signal.SIGTERM, self._on_stop_signal)
+        signal.signal(signal.SIGINT, self._on_stop_signal)
+        signal.signal(signal.SIGHUP, self._on_reload_signal)
+        self.start()
+        systemd.ready(f"watching {len(self.config.calendars)} calendar(s)")
+        interval = systemd.watchdog_interval()
+        beat = min(interval / 2, 10.0) if interval else 10.0
+        try:
+            while not self.stopping.wait(beat):
+                if self.reload_requested.is_set():
+                    self.reload_requested.clear()
+                    self.reload()
+                systemd.watchdog()
+        finally:
+            systemd.stopping()
+            self.shutdown()
+
+    def start(self) -> None:
+        """Load the last calendar snapshot, adopt running sessions, start the jobs."""
+        self.journal.set_meta("daemon_pid", str(os.getpid()))
+        self.scheduler.add_job(
+            self.poll,
+            "interval",
+            seconds=self.config.daemon.poll_interval.total_seconds(),
+            id="poll",
+            next_run_time=datetime.now(UTC),
+            max_instances=1,
+        )
+        self.scheduler.start()
+        log.info(
+            "gpuresa started for host %s: %d calendar(s), polled every %ss",
+            self.config.daemon.host,
+            len(self.config.calendars),
+            int(self.config.daemon.poll_interval.total_seconds()),
+        )
+
+    def shutdown(self) -> None:
+        """Stop the jobs and close the journal; running sessions go on in Docker."""
+        log.info("gpuresa stopping; running sessions go on and will be adopted at the next start")
+        self.stopping.set()
+        # not wait=True: APScheduler would hold its job-store lock while a running
+        # reconcile needs it to reschedule; the reconcile lock waits for it instead
+        self.scheduler.shutdown(wait=False)
+        with self.lock:
+            self.journal.close()
+
+    def _on_stop_signal(self, number: int, frame: FrameType | None) -> None:
+        log.info("received %s", signal.Signals(number).name)
+        self.stopping.set()
+
+    def _on_reload_signal(self, number: int, frame: FrameType | None) -> None:
+        self.reload_requested.set()
+
+    def reload(self) -> None:
+        """Read the config file again; a bad file is logged and the old config kept."""
+        path = self.config.source
+        try:
+            config = load_config(path)
+        except UserError as error:
+            log.error("reload refused, keeping the running config: %s", error)
+            return
+        with self.lock:
+            self.config = config
+            self.runtime = Runtime(config)
+            self.calendars = Calendars(config)
+            self.notifier = Notifier(config.notify, config.users)
+            self.inventory = None
+        self.scheduler.reschedule_job(
+            "poll", trigger="interval", seconds=config.daemon.poll_interval.total_seconds()
+        )
+        log.info("configuration reloaded from %s", path)
+        self.scheduler.add_job(self.poll, id="poll-after-reload", replace_existing=True)
+
+    # --- rounds ------------------------------------------------------------------------
+
+    def poll(self) -> None:
+        """Read the calendars (or their last snapshot), journal what changed, reconcile."""
+        now = self.clock()
+        try:
+            report = self.calendars.poll(now)
+        except Exception:  # a bug in a source must not stop the daemon's other work
+            log.exception("calendar poll failed unexpectedly; keeping the last reservations")
+        else:
+            self._take_report(report, now)
+        self.reconcile("poll")
+
+    def _take_report(self, report: CalendarReport, now: datetime) -> None:
+        host = self.config.daemon.host
+        found = report.reservations
+        with self.lock:
+            if self.stopping.is_set():
+                return
+            self.reservations = [item for item in found.reservations if item.host == host]
+            self.last_poll = now
+            new_rejections = self.journal.record_reservations(
+                found.reservations, found.rejected, now
+            )
+            for reservation in self.reservations:
+                if self.journal.state(reservation.key) in (None, "rejected"):
+                    self.journal.set_state(reservation.key, "booked", now)
+            for name, freshness in report.freshness.items():
+                self.journal.record_calendar(
+                    name, freshness.last_success, freshness.last_error, now
+                )
+        for rejection in new_rejections:
+            self._reject(rejection, now)
+        stale = [
+            f"{name} ({freshness.last_error})"
+            for name, freshness in report.freshness.items()
+            if freshness.last_error
+        ]
+        if stale:
+            systemd.status(f"calendar unreachable, using the last snapshot: {', '.join(stale)}")
+        else:
+            systemd.status(f"{len(self.reservations)} reservation(s) for {host}")
+
+    def _reject(self, rejection: Rejection, now: datetime) -> None:
+        """Journal a rejection and tell its user, once per reason."""
+        calendar = next(
+            (item for item in self.config.calendars if item.name == rejection.calendar), None
+        )
+        if calendar is not None and calendar.host not in (None, self.config.daemon.host):
+            return  # that host's daemon tells the user
+        self.journal.set_state(rejection.key, "rejected", now, rejection.reason)
+        log.warning("%s: rejected: %s", rejection.key, rejection.reason)
+        if rejection.user is None and rejection.email is None:
+            return
+        address = self.notifier.address_for(rejection.user or "", rejection.email)
+        if address is None:
+            return
+        subject, body = rejection_message(rejection, self.config.reservations.timezone)
+        self._mail(rejection.key, address, subject, body)
+
+    def reconcile(self, reason: str) -> None:
+        """Compare reservations with Docker and act; reschedules the exact-time wakeups."""
+        with self.lock:
+            if self.stopping.is_set():
+                return
+            now = self.clock()
+            try:
+                sessions = self.runtime.list_sessions()
+                if self.inventory is None:
+                    self.inventory = Inventory(self.config.host(), self.runtime.host_gpus())
+            except RuntimeUnavailable as error:
+                self._docker_down(error)
+                return
+            self.docker_backoff = timedelta(seconds=1)
+            memory = self._memory(sessions, now)
+            actions = plan(self.reservations, sessions, self.inventory, now, self.config, memory)
+            if actions:
+                log.debug("reconcile (%s): %s", reason, [action.describe() for action in actions])
+            by_key = {session.key: session for session in sessions}
+            for action in actions:
+                try:
+                    self._apply(action, by_key.get(action.key), now)
+                except RuntimeUnavailable as error:
+                    self._docker_down(error)
+                    return
+            # what the actions changed moves the next wakeups (a stop, a new end)
+            sessions = self._sessions_or(sessions)
+            self._schedule(
+                wakeups(
+                    self.reservations,
+                    sessions,
+                    self.inventory,
+                    now,
+                    self.config,
+                    self._memory(sessions, now),
+                )
+            )
+
+    def _sessions_or(self, fallback: list[Session]) -> list[Session]:
+        try:
+            return self.runtime.list_sessions()
+        except RuntimeUnavailable:
+            return fallback
+
+    def _docker_down(self, error: Exception) -> None:
+        if self.stopping.is_set():
+            return
+        delay = self.docker_backoff
+        log.error("Docker engine unavailable (%s); retrying in %ss", error, delay.total_seconds())
+        systemd.status(f"Docker unavailable, retrying in {int(delay.total_seconds())}s")
+        self.docker_backoff = min(delay * 2, self.config.daemon.docker_retry_max)
+        self.scheduler.add_job(
+            self.reconcile,
+            "date",
+            run_date=datetime.now(UTC) + delay,
+            args=["docker retry"],
+            id="docker-retry",
+            replace_existing=True,
+        )
+
+    def _schedule(self, instants: list[datetime]) -> None:
+        """One date job per upcoming instant (replacing the previous set)."""
+        if self.stopping.is_set():
+            return
+        wanted = {f"wake-{instant.isoformat()}": instant for instant in instants[:200]}
+        for job in self.scheduler.get_jobs():
+            if job.id.startswith("wake-") and job.id not in wanted:
+                job.remove()
+        existing = {job.id for job in self.scheduler.get_jobs()}
+        for job_id, instant in wanted.items():
+            if job_id not in existing:
+                self.scheduler.add_job(
+                    self.reconcile,
+                    "date",
+                    run_date=instant,
+                    args=["timer"],
+                    id=job_id,
+                    misfire_grace_time=None,
+                )
+
+    def _memory(self, sessions: list[Session], now: datetime) -> Memory:
+        wanted = {reservation.key for reservation in self.reservations}
+        remembered = self.remembered
+        for session in sessions:
+            if session.key not in wanted and session.key not in remembered.missing_since:
+                remembered.missing_since[session.key] = now
+                self.journal.set_meta(f"missing:{session.key}", now.isoformat())
+        for key in list(remembered.missing_since):
+            if key in wanted or key not in {session.key for session in sessions}:
+                del remembered.missing_since[key]
+                self.journal.delete_meta(f"missing:{key}")
+        known = frozenset(self.journal.states()) | frozenset(wanted)
+        return Memory(
+            missing_since=dict(remembered.missing_since),
+            known=known,
+            warnings_sent=frozenset(remembered.warnings_sent),
+            cancel_notified=frozenset(remembered.cancel_notified),
+            retry_after=dict(remembered.retry_after),
+            failed=frozenset(remembered.failed),
+        )
+
+    def _load_missing_since(self) -> None:
+        """A restart keeps the grace periods that were running."""
+        for key, value in self.journal.meta_with_prefix("missing:").items():
+            if value:
+                self.remembered.missing_since[key] = datetime.fromisoformat(value)
+
+    # --- carrying actions out -----------------------------------------------------------
+
+    def _apply(self, action: Action, session: Session | None, now: datetime) -> None:
+        key = action.key
+        log.info("%s", action.describe())
+        try:
+            if isinstance(action, Stop):
+                self._stop(action, session, now)
+            elif isinstance(action, Fail):
+                self._fail(action, now)
+            elif isinstance(action, (Start, Recreate)):
+                self._start(action, now)
+            elif isinstance(action, Prepare):
+                assert action.spec is not None
+                self.journal.set_state(key, "preparing", now)
+                self.runtime.prepare(action.spec)
+            elif isinstance(action, Extend):
+                self.runtime.extend(key, action.end)
+                self.remembered.warnings_sent = {
+                    (sent_key, seconds)
+                    for sent_key, seconds in self.remembered.warnings_sent
+                    if sent_key != key or action.end - timedelta(seconds=seconds) <= now
+                }
+            elif isinstance(action, Warn):
+                self._warn(action, session)
+                self.journal.set_state(key, "warned", now, action.describe())
+            elif isinstance(action, NotifyCancel):
+                self._notify_cancel(action, session)
+        except RuntimeUnavailable:
+            self.journal.record_action(key, action.describe(), now, "failed", "Docker unavailable")
+            raise
+        except Exception as error:  # one session's failure must not stop the others
+            log.exception("%s: %s failed", key, type(action).__name__.lower())
+            self.journal.record_action(key, action.describe(), now, "failed", str(error))
+            if isinstance(action, (Start, Recreate, Prepare)):
+                self._retry_later(action, str(error), now)
+        else:
+            self.journal.record_action(key, action.describe(), now, "ok")
+
+    def _start(self, action: Start | Recreate, now: datetime) -> None:
+        spec = action.spec
+        assert spec is not None
+        key = spec.key
+        if isinstance(action, Recreate):
+            log.warning("%s: containers exited before the end; recreating them", key)
+            self.runtime.stop(key, timedelta(0))
+        self.journal.set_state(key, "preparing", now)
+        session = self.runtime.start(spec)
+        self.journal.set_state(key, "running", self.clock(), f"ssh port {session.ssh_port}")
+        self.remembered.attempts.pop(key, None)
+        self.remembered.retry_after.pop(key, None)
+        host = self.config.host()
+        public = host.public_name or host.name
+        if self.on_start is not None:
+            self.on_start(session, public)
+        if self.journal.mark_notified(key, "start", now):
+            address = self.notifier.address_for(session.user, spec.email)
+            if address:
+                subject, body = start_message(session, public, self.config.reservations.timezone)
+                self._mail(key, address, subject, body)
+
+    def _retry_later(self, action: Action, error: str, now: datetime) -> None:
+        key = action.key
+        attempts = self.remembered.attempts.get(key, 0) + 1
+        self.remembered.attempts[key] = attempts
+        delay = RETRY_DELAYS[min(attempts, len(RETRY_DELAYS)) - 1]
+        self.remembered.retry_after[key] = now + delay
+        self.journal.set_state(key, "failed", now, f"attempt {attempts}: {error}")
+        if attempts == 1 and self.journal.mark_notified(key, "failed", now):
+            spec = getattr(action, "spec", None)
+            user = spec.user if spec is not None else ""
+            subject, body = failure_message(key, user, error, host=self.config.daemon.host)
+            self._mail_failure(key, user, getattr(spec, "email", None), subject, body)
+
+    def _stop(self, action: Stop, session: Session | None, now: datetime) -> None:
+        key = action.key
+        self.journal.set_state(key, "stopping", now, action.reason)
+        self.runtime.stop(key, action.grace)
+        final = {"ended": "ended", "cancelled": "cancelled", "orphan": "removed"}[action.reason]
+        self.journal.set_state(key, final, self.clock(), action.reason)
+        self.remembered.missing_since.pop(key, None)
+        self.journal.delete_meta(f"missing:{key}")
+        if session is None or session.state == "created" or action.reason == "orphan":
+            return
+        if self.journal.mark_notified(key, "end", now):
+            address = self.notifier.address_for(session.user, session.email)
+            if address:
+                subject, body = end_message(
+                    session, session.output_dir, self.config.reservations.timezone
+                )
+                self._mail(key, address, subject, body)
+
+    def _fail(self, action: Fail, now: datetime) -> None:
+        self.remembered.failed.add(action.key)
+        self.journal.set_state(action.key, "failed", now, action.reason)
+        log.error("%s: cannot be served: %s", action.key, action.reason)
+        if self.journal.mark_notified(action.key, "failed", now):
+            subject, body = failure_message(
+                action.key, action.user, action.reason, host=self.config.daemon.host
+            )
+            self._mail_failure(action.key, action.user, action.email, subject, body)
+
+    def _warn(self, action: Warn, session: Session | None) -> None:
+        key = action.key
+        seconds = int(action.before.total_seconds())
+        # the larger thresholds are past too: never send them after this one
+        for warning in self.config.daemon.warnings:
+            if warning >= action.before:
+                self.remembered.warnings_sent.add((key, int(warning.total_seconds())))
+        if session is None:
+            return
+        timezone = self.config.reservations.timezone
+        remaining = action.end - self.clock()
+        self.runtime.message(key, wall_text(remaining, action.end, timezone))
+        if self.journal.mark_notified(
+            key, f"warning-{seconds}-{action.end.isoformat()}", self.clock()
+        ):
+            address = self.notifier.address_for(session.user, session.email)
+            if address:
+                subject, body = warning_message(session, remaining, timezone)
+                self._mail(key, address, subject, body)
+
+    def _notify_cancel(self, action: NotifyCancel, session: Session | None) -> None:
+        self.remembered.cancel_notified.add(action.key)
+        if session is None:
+            return
+        timezone = self.config.reservations.timezone
+        self.runtime.message(
+            action.key, wall_text(action.stop_at - self.clock(), action.stop_at, timezone)
+        )
+        if self.journal.mark_notified(action.key, "cancel", self.clock()):
+            address = self.notifier.address_for(session.user, session.email)
+            if address:
+                subject, body = cancel_message(session, action.stop_at, timezone)
+                self._mail(action.key, address, subject, body)
+
+    def _mail_failure(
+        self, key: str, user: str, email: str | None, subject: str, body: str
+    ) -> None:
+        """A failure notice to the user with the admin in copy (or to the admin alone)."""
+        address = self.notifier.address_for(user, email) if user else None
+        if address is not None:
+            self._mail(key, address, subject, body, copy_admin=True)
+        elif self.config.notify.admin:
+            self._mail(key, self.config.notify.admin, subject, body)
+
+    def _mail(
+        self, key: str, address: str, subject: str, body: str, *, copy_admin: bool = False
+    ) -> None:
+        """Send one e-mail; a failure is logged and journaled, never raised."""
+        try:
+            self.notifier.send(address, subject, body, copy_admin=copy_admin, key=key)
+        except NotifyError as error:
+            log.error("%s: e-mail to %s failed: %s", key, address, error)
+            self.journal.record_action(key, f"mail {subject!r}", self.clock(), "failed", str(error))

@@ -1,0 +1,218 @@
+"""`gpuresa demo`: the whole service on this machine, with nothing configured.
+
+It writes a config, an ICS calendar folder with one booking that starts about
+30 s later, a demo user with a fresh SSH key and an input folder, all under a
+demo directory; then it runs the daemon in the foreground and prints how to
+connect when the session starts.
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import shutil
+import socket
+import subprocess
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from gpuresa.config import Config, load_config
+from gpuresa.errors import UserError
+from gpuresa.model import Session
+
+log = logging.getLogger(__name__)
+
+DEMO_USER = "demo"
+DEMO_HOST = "demo"
+DEMO_TEMPLATE = "pytorch"
+BASE_IMAGE = "gpuresa/base:bookworm"
+
+
+@dataclass(frozen=True)
+class DemoFiles:
+    """Where the demo keeps its files."""
+
+    root: Path
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.toml"
+
+    @property
+    def calendar(self) -> Path:
+        return self.root / "calendar"
+
+    @property
+    def keys(self) -> Path:
+        return self.root / "keys"
+
+    @property
+    def private_key(self) -> Path:
+        return self.root / "demo_key"
+
+    @property
+    def inputs(self) -> Path:
+        return self.root / "input"
+
+    @property
+    def output(self) -> Path:
+        return self.root / "output"
+
+    @property
+    def state(self) -> Path:
+        return self.root / "state"
+
+
+def _free_port_block(size: int, start: int) -> int:
+    """The first port from `start` up where `size` consecutive ports are free on 127.0.0.1."""
+    port = start
+    while port + size < 65000:
+        if all(_port_free(candidate) for candidate in range(port, port + size)):
+            return port
+        port += size
+    raise UserError(f"no {size} free consecutive ports above {start} on 127.0.0.1")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def write_demo(root: Path, now: datetime, start_in: timedelta, length: timedelta) -> DemoFiles:
+    """Write the demo's config, key, input folder and a booking starting at now + start_in."""
+    files = DemoFiles(root.resolve())
+    for folder in (files.calendar, files.keys, files.inputs, files.output, files.state):
+        folder.mkdir(parents=True, exist_ok=True)
+    if not files.private_key.exists():
+        subprocess.run(
+            [
+                "ssh-keygen",
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-C",
+                "demo@gpuresa",
+                "-f",
+                str(files.private_key),
+            ],
+            check=True,
+        )
+    shutil.copyfile(files.private_key.with_suffix(".pub"), files.keys / f"{DEMO_USER}.pub")
+    (files.inputs / "README.txt").write_text(
+        "This folder is the site's input data, mounted read-only at /data.\n"
+    )
+    ssh_first = _free_port_block(10, 42200)
+    ftp_first = _free_port_block(10, ssh_first + 10)
+    passive_first = _free_port_block(40, ftp_first + 10)
+    files.config.write_text(
+        f"""# Written by `gpuresa demo`; every key is explained in config.example.toml.
+[daemon]
+host = "{DEMO_HOST}"
+state_dir = "{files.state}"
+poll_interval = "5s"
+prepare_ahead = "25s"
+stop_grace = "5s"
+cancel_grace = "30s"
+orphan_grace = "1m"
+warnings = ["2m", "1m"]
+
+[reservations]
+timezone = "UTC"
+
+[[calendars]]
+name = "demo"
+kind = "ics"
+url = "{files.calendar}"
+host = "{DEMO_HOST}"
+default_template = "{DEMO_TEMPLATE}"
+
+[[hosts]]
+name = "{DEMO_HOST}"
+gpus = []
+gpu_mode = "none"
+bind_address = "127.0.0.1"
+public_name = "127.0.0.1"
+ssh_ports = "{ssh_first}-{ssh_first + 9}"
+ftp_ports = "{ftp_first}-{ftp_first + 9}"
+ftp_passive_ports = "{passive_first}-{passive_first + 39}"
+ftp_passive_per_session = 10
+
+[templates]
+base_image = "{BASE_IMAGE}"
+
+[users]
+keys_dir = "{files.keys}"
+host_authorized_keys = false
+
+[storage]
+output_root = "{files.output}"
+
+[[storage.inputs]]
+source = "{files.inputs}"
+target = "/data"
+
+[limits]
+shm_size = "256m"
+
+[notify]
+enabled = false
+"""
+    )
+    start = (now + start_in).replace(microsecond=0)
+    end = start + length
+    stamp = now.strftime("%Y%m%dT%H%M%SZ")
+    uid = f"demo-{uuid.uuid4().hex[:8]}@gpuresa"
+    (files.calendar / "demo-booking.ics").write_text(
+        "BEGIN:VCALENDAR\r\nVERSION:2.0\r\nPRODID:-//gpuresa//demo//EN\r\n"
+        "BEGIN:VEVENT\r\n"
+        f"UID:{uid}\r\nDTSTAMP:{stamp}\r\nCREATED:{stamp}\r\n"
+        f"DTSTART:{start.strftime('%Y%m%dT%H%M%SZ')}\r\n"
+        f"DTEND:{end.strftime('%Y%m%dT%H%M%SZ')}\r\n"
+        f"SUMMARY:{DEMO_USER}\r\n"
+        f"DESCRIPTION:template: {DEMO_TEMPLATE}\\ngpus: 1\r\n"
+        "END:VEVENT\r\nEND:VCALENDAR\r\n"
+    )
+    return files
+
+
+def run_demo(root: Path, start_in: timedelta, length: timedelta) -> None:
+    """Write the demo files, build the template image, and run the daemon until Ctrl-C."""
+    from gpuresa.daemon import Daemon
+    from gpuresa.runtime import Runtime
+
+    now = datetime.now(UTC)
+    files = write_demo(root, now, start_in, length)
+    config: Config = load_config(files.config)
+    runtime = Runtime(config)
+    print(f"gpuresa demo: files in {files.root} (run as {getpass.getuser()})")
+    print(f"gpuresa demo: building the {DEMO_TEMPLATE} template on {BASE_IMAGE} if needed…")
+    image = runtime.ensure_image(DEMO_TEMPLATE, None)
+    print(f"gpuresa demo: image {image} ready")
+    start = (now + start_in).replace(microsecond=0)
+    print(
+        f"gpuresa demo: {DEMO_USER!r} booked {DEMO_HOST!r} from {start:%H:%M:%S} "
+        f"to {start + length:%H:%M:%S} UTC (calendar: {files.calendar})"
+    )
+    print("gpuresa demo: the daemon runs in the foreground; Ctrl-C stops it (sessions go on).")
+
+    def show_access(session: Session, public_host: str) -> None:
+        print(
+            "\n"
+            f"  Session {session.key} is up until {session.end:%H:%M:%S} UTC.\n"
+            f"  SSH:  ssh -i {files.private_key} -p {session.ssh_port} "
+            f"{session.user}@{public_host}\n"
+            f"  FTP:  ftp -p {public_host} {session.ftp_port}  "
+            f"(login {session.ftp_user}, password {session.ftp_password})\n"
+            f"  Output is kept in {session.output_dir}\n",
+            flush=True,
+        )
+
+    Daemon(config, runtime=runtime, on_start=show_access).run()

@@ -1,0 +1,357 @@
+"""End to end: real Radicale, real Docker, real SMTP, the daemon as its own process.
+
+Bookings are made with the caldav client, users log in with paramiko, and the
+daemon is killed with SIGKILL mid-session, as an admin's worst day would go.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+import paramiko
+import pytest
+from conftest import (
+    BASE_IMAGE,
+    TEST_HOST,
+    DockerHarness,
+    RadicaleServer,
+    SMTPServer,
+    free_port,
+)
+
+from gpuresa.config import Config, load_config
+from gpuresa.journal import Journal
+from gpuresa.model import Session
+from gpuresa.runtime import Runtime
+
+Value = TypeVar("Value")
+
+
+def wait_for(what: str, predicate: Callable[[], Value | None], timeout: float) -> Value:
+    """Poll until `predicate` returns something true; fail the test after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    pytest.fail(f"timed out after {timeout} s waiting for {what}")
+
+
+def port_block(size: int) -> int:
+    """The first of `size` consecutive free ports (checked one by one)."""
+    while True:
+        first = free_port()
+        if first + size < 65000 and all(_free(port) for port in range(first, first + size)):
+            return first
+
+
+def _free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+@dataclass
+class Stack:
+    """A configured daemon, its calendar and what it talks to."""
+
+    config_file: Path
+    config: Config
+    calendar: Any
+    radicale: RadicaleServer
+    smtp: SMTPServer
+    key_file: Path
+    output_root: Path
+    log_file: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def start_daemon(self) -> None:
+        log = self.log_file.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "gpuresa.cli", "--config", str(self.config_file), "-v", "run"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def kill_daemon(self, sig: int = signal.SIGKILL) -> None:
+        assert self.process is not None
+        self.process.send_signal(sig)
+        self.process.wait(20)
+
+    def sessions(self) -> list[Session]:
+        return Runtime(self.config).list_sessions()
+
+    def session(self, key: str) -> Session | None:
+        return next((session for session in self.sessions() if session.key == key), None)
+
+    def book(self, uid: str, start: datetime, end: datetime, summary: str, description: str) -> Any:
+        return self.calendar.save_event(
+            dtstart=start, dtend=end, summary=summary, description=description, uid=uid
+        )
+
+    def login(self, port: int, user: str = "alice") -> paramiko.SSHClient | None:
+        """An SSH client logged in with the user's key, or None if the login fails now."""
+        client = paramiko.SSHClient()
+        client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+        try:
+            client.connect(
+                "127.0.0.1",
+                port=port,
+                username=user,
+                key_filename=str(self.key_file),
+                timeout=2,
+                banner_timeout=2,
+                auth_timeout=2,
+                allow_agent=False,
+                look_for_keys=False,
+            )
+        except (paramiko.SSHException, OSError, EOFError):
+            client.close()
+            return None
+        return client
+
+
+def run(client: paramiko.SSHClient, command: str) -> tuple[int, str]:
+    _, stdout, stderr = client.exec_command(command, timeout=20)
+    output = stdout.read().decode() + stderr.read().decode()
+    return stdout.channel.recv_exit_status(), output
+
+
+@pytest.fixture
+def stack(
+    tmp_path: Path,
+    radicale_private: RadicaleServer,
+    smtp_server: SMTPServer,
+    docker_harness: DockerHarness,
+    request: pytest.FixtureRequest,
+) -> Iterator[Stack]:
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    key_file = tmp_path / "alice_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key_file)], check=True)
+    (keys / "alice.pub").write_text(key_file.with_suffix(".pub").read_text())
+    inputs = tmp_path / "input"
+    inputs.mkdir()
+    (inputs / "dataset.txt").write_text("input data\n")
+    output_root = tmp_path / "output"
+    ssh_first, ftp_first, passive_first = port_block(5), port_block(5), port_block(20)
+    calendar = radicale_private.new_calendar("gpu")
+    config_file = tmp_path / "config.toml"
+    config_file.write_text(
+        f"""
+[daemon]
+host = "{TEST_HOST}"
+state_dir = "{tmp_path / "state"}"
+poll_interval = "2s"
+prepare_ahead = "8s"
+stop_grace = "2s"
+cancel_grace = "6s"
+orphan_grace = "1m"
+warnings = ["20s"]
+
+[[calendars]]
+name = "gpu"
+kind = "caldav"
+url = "{calendar.url}"
+username = "{radicale_private.username}"
+password_file = "{radicale_private.password_file}"
+host = "{TEST_HOST}"
+default_template = "pytorch"
+
+[[hosts]]
+name = "{TEST_HOST}"
+gpus = [0, 1]
+gpu_mode = "none"
+bind_address = "127.0.0.1"
+public_name = "127.0.0.1"
+ssh_ports = "{ssh_first}-{ssh_first + 4}"
+ftp_ports = "{ftp_first}-{ftp_first + 4}"
+ftp_passive_ports = "{passive_first}-{passive_first + 19}"
+ftp_passive_per_session = 5
+
+[templates]
+base_image = "{BASE_IMAGE}"
+
+[users]
+keys_dir = "{keys}"
+host_authorized_keys = false
+emails = {{ alice = "alice@example.org" }}
+
+[storage]
+output_root = "{output_root}"
+[[storage.inputs]]
+source = "{inputs}"
+target = "/data"
+
+[limits]
+shm_size = "64m"
+
+[notify]
+enabled = true
+smtp_host = "127.0.0.1"
+smtp_port = {smtp_server.port}
+sender = "gpuresa@example.org"
+admin = "admins@example.org"
+"""
+    )
+    config = load_config(config_file)
+    # build the template image now, so no test waits for a build at its start time
+    Runtime(config).ensure_image("pytorch", None)
+    stack = Stack(
+        config_file=config_file,
+        config=config,
+        calendar=calendar,
+        radicale=radicale_private,
+        smtp=smtp_server,
+        key_file=key_file,
+        output_root=output_root,
+        log_file=tmp_path / "daemon.log",
+    )
+    yield stack
+    if stack.process is not None and stack.process.poll() is None:
+        stack.kill_daemon(signal.SIGTERM)
+    report = getattr(request.node, "report_call", None)
+    if report is not None and report.failed:
+        print("===== daemon log =====")
+        print(stack.log_file.read_text(errors="replace")[-20000:])
+
+
+def next_second(delay: float) -> datetime:
+    moment = datetime.now(UTC) + timedelta(seconds=delay)
+    return moment.replace(microsecond=0) + timedelta(seconds=1)
+
+
+def subjects(smtp: SMTPServer) -> list[str]:
+    return [str(message["Subject"]) for message in smtp.messages]
+
+
+def mail_matching(smtp: SMTPServer, word: str, timeout: float = 20) -> Any:
+    return wait_for(
+        f"an e-mail about {word!r} (got {subjects(smtp)})",
+        lambda: next(
+            (message for message in smtp.messages if word in str(message["Subject"]).lower()),
+            None,
+        ),
+        timeout,
+    )
+
+
+def test_booking_lifecycle_with_extension_kill_and_calendar_outage(
+    stack: Stack, docker_harness: DockerHarness
+) -> None:
+    start = next_second(12)
+    end = start + timedelta(seconds=40)
+    event = stack.book("lifecycle-1", start, end, "alice", "template: pytorch\ngpus: 1")
+    stack.start_daemon()
+
+    # prepared ahead: containers exist before the start, with their ports chosen
+    prepared = wait_for("the prepared session", lambda: stack.session("lifecycle-1"), 15)
+    assert datetime.now(UTC) < start
+    port = prepared.ssh_port
+
+    # SSH-ready within 2 s of the start time
+    client = wait_for(
+        "an SSH login", lambda: stack.login(port), (start - datetime.now(UTC)).total_seconds() + 10
+    )
+    ready = datetime.now(UTC)
+    assert ready - start <= timedelta(seconds=2), f"ready {ready - start} after the start"
+    status, output = run(client, "sudo -n id -u && cat /data/dataset.txt")
+    assert status == 0 and output.split() == ["0", "input", "data"]
+    status, _ = run(client, "echo result > /output/result.txt")
+    assert status == 0
+    client.close()
+
+    notice = mail_matching(stack.smtp, "ready")
+    body = notice.get_content()
+    assert f"ssh -p {port} alice@127.0.0.1" in body
+    assert notice["To"] == "alice@example.org"
+
+    # extended while running: the session keeps going past the old end
+    component = event.icalendar_component
+    new_end = end + timedelta(seconds=25)
+    component["DTEND"].dt = new_end
+    event.save()
+
+    # SIGKILL mid-session, then a restart: adopted, not started twice
+    time.sleep(3)
+    stack.kill_daemon()
+    stack.start_daemon()
+    time.sleep(5)
+    sessions = [session for session in stack.sessions() if session.key == "lifecycle-1"]
+    assert len(sessions) == 1 and sessions[0].ssh_port == port
+    assert len(docker_harness.ours()) == 2  # the main container and its FTP sidecar
+
+    # the calendar server goes away: the session still runs to its (new) end
+    stack.radicale.stop()
+    wait_for("the old end to pass", lambda: datetime.now(UTC) > end + timedelta(seconds=3), 60)
+    client = stack.login(port)
+    assert client is not None, "the session stopped at the old end or because of the outage"
+    client.close()
+    assert stack.session("lifecycle-1") is not None
+    mail_matching(stack.smtp, "ends")  # the 20 s warning
+
+    grace = stack.config.daemon.stop_grace
+    gone = wait_for(
+        "the session to be removed",
+        lambda: None if stack.session("lifecycle-1") else datetime.now(UTC),
+        (new_end - datetime.now(UTC) + grace).total_seconds() + 15,
+    )
+    assert gone >= new_end
+    assert gone - (new_end + grace) <= timedelta(seconds=2), f"gone {gone - new_end} after end"
+    assert docker_harness.ours() == []
+    outputs = list(stack.output_root.rglob("result.txt"))
+    assert len(outputs) == 1 and outputs[0].read_text() == "result\n"
+    mail_matching(stack.smtp, "ended")
+
+
+def test_cancelled_and_rejected_bookings(stack: Stack) -> None:
+    start = next_second(6)
+    event = stack.book(
+        "cancel-1", start, start + timedelta(minutes=10), "alice", "template: pytorch"
+    )
+    stack.book(
+        "reject-1", start, start + timedelta(minutes=10), "alice", "template: no-such-template"
+    )
+    stack.start_daemon()
+
+    rejection = mail_matching(stack.smtp, "rejected")
+    assert "no-such-template" in rejection.get_content()
+    session = wait_for("the session to run", lambda: stack.session("cancel-1"), 20)
+    client = wait_for("an SSH login", lambda: stack.login(session.ssh_port), 20)
+    client.close()
+
+    event.delete()
+    deleted = datetime.now(UTC)
+    mail_matching(stack.smtp, "cancel")
+    grace = stack.config.daemon.cancel_grace
+    poll = stack.config.daemon.poll_interval
+    gone = wait_for(
+        "the cancelled session to stop",
+        lambda: None if stack.session("cancel-1") else datetime.now(UTC),
+        (grace + poll).total_seconds() + 20,
+    )
+    assert gone - deleted >= grace
+    assert gone - deleted <= grace + poll + timedelta(seconds=4)
+
+    stack.kill_daemon(signal.SIGTERM)
+    journal = Journal(stack.config.daemon.state_dir / "journal.sqlite", read_only=True)
+    with contextlib.closing(journal):
+        assert journal.state("reject-1") == "rejected"
+        assert journal.state("cancel-1") == "cancelled"
+        rejected = [entry for entry in journal.history() if entry.key == "reject-1"]
+        assert any("no-such-template" in entry.detail for entry in rejected)
