@@ -8,6 +8,7 @@ once.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
@@ -108,6 +109,8 @@ class Daemon:
         self.inventory: Inventory | None = None
         self.last_poll: datetime | None = None
         self.reload_requested = threading.Event()
+        # set by the signal handlers, so the main loop acts at once rather than at its next beat
+        self.wake = threading.Event()
 
     # --- life cycle ----------------------------------------------------------------
 
@@ -116,12 +119,18 @@ class Daemon:
         signal.signal(signal.SIGTERM, self._on_stop_signal)
         signal.signal(signal.SIGINT, self._on_stop_signal)
         signal.signal(signal.SIGHUP, self._on_reload_signal)
+        # `kill -USR1` prints every thread's stack to the log: how to see what a hung daemon does
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
         self.start()
         systemd.ready(f"watching {len(self.config.calendars)} calendar(s)")
         interval = systemd.watchdog_interval()
         beat = min(interval / 2, 10.0) if interval else 10.0
         try:
-            while not self.stopping.wait(beat):
+            while not self.stopping.is_set():
+                self.wake.wait(beat)
+                self.wake.clear()
+                if self.stopping.is_set():
+                    break
                 if self.reload_requested.is_set():
                     self.reload_requested.clear()
                     self.reload()
@@ -162,9 +171,11 @@ class Daemon:
     def _on_stop_signal(self, number: int, frame: FrameType | None) -> None:
         log.info("received %s", signal.Signals(number).name)
         self.stopping.set()
+        self.wake.set()
 
     def _on_reload_signal(self, number: int, frame: FrameType | None) -> None:
         self.reload_requested.set()
+        self.wake.set()
 
     def reload(self) -> None:
         """Read the config file again; a bad file is logged and the old config kept."""

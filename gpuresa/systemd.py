@@ -35,6 +35,8 @@ def notify(message: str) -> bool:
         return False
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+            # never wait on a notify socket nobody reads: a full queue drops the message
+            sock.settimeout(0.5)
             sock.connect(target)
             sock.sendall(message.encode("utf-8"))
     except OSError as error:

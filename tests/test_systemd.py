@@ -237,3 +237,13 @@ def test_verify_reports_a_bad_directive(tmp_path: Path) -> None:
         [analyze, "verify", str(copy)], capture_output=True, text=True, timeout=60
     )
     assert "ProtectSystm" in result.stdout + result.stderr
+
+
+def test_a_listener_that_never_reads_does_not_block_the_sender(listener: socket.socket) -> None:
+    # the queue of an unread datagram socket fills up; then sending must give up, not hang
+    assert systemd.status("first") is True
+    for index in range(5000):
+        if not systemd.status(f"status number {index}"):
+            break
+    else:
+        pytest.fail("5000 statuses were queued on a socket nobody reads")

@@ -10,6 +10,7 @@ from typing import Any
 
 from gpuresa.config import Config, load_config
 from gpuresa.errors import UserError
+from gpuresa.journal import Journal
 from gpuresa.schema import Invalid, parse_duration
 
 
@@ -67,9 +68,8 @@ def _iso(instant: datetime | None) -> str | None:
     return instant.astimezone(UTC).isoformat() if instant is not None else None
 
 
-def _open_journal(config: Config) -> Any:
+def _open_journal(config: Config) -> Journal:
     from gpuresa.daemon import journal_path
-    from gpuresa.journal import Journal
 
     path = journal_path(config)
     if not path.exists():
@@ -125,10 +125,10 @@ def status_report(config: Config, now: datetime) -> dict[str, Any]:
         ]
         report["rejected"] = [
             {
-                "key": record.key,
-                "calendar": record.calendar,
-                "user": record.user,
-                "reason": record.reason,
+                "key": record.rejection.key,
+                "calendar": record.rejection.calendar,
+                "user": record.rejection.user,
+                "reason": record.rejection.reason,
             }
             for record in journal.rejections(ending_after=now)
         ]
@@ -213,7 +213,7 @@ def plan_command(arguments: argparse.Namespace) -> int:
 
     config = load_config(arguments.config)
     now = parse_instant(arguments.at, "--at") if arguments.at else datetime.now(UTC)
-    report = Calendars(config).poll(now)
+    report = Calendars(config, persist=False).poll(now)
     runtime = Runtime(config)
     sessions = runtime.list_sessions()
     inventory = Inventory(config.host(), runtime.host_gpus())

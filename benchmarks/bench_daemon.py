@@ -1,0 +1,270 @@
+"""Daemon benchmark: start and end latency of real sessions, and the idle daemon's cost.
+
+Runs a real Radicale server, the real Docker engine and the daemon as its own
+process, books reservations with the caldav client and prints a table:
+
+* start latency: first successful SSH login minus the booking's start time;
+* end latency: containers gone minus (end + stop grace);
+* idle cost: CPU seconds and resident memory of the daemon over 60 s with 50
+  upcoming reservations in the calendar, at two poll intervals.
+
+Usage: .venv/bin/python benchmarks/bench_daemon.py [--sessions 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import paramiko
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
+from conftest import BASE_IMAGE, free_port, start_radicale
+
+from gpuresa.config import Config, load_config
+from gpuresa.runtime import Runtime
+
+HOST = f"bench-{os.getpid()}"
+
+
+def port_block(size: int) -> int:
+    import socket
+
+    while True:
+        first = free_port()
+        if first + size >= 65000:
+            continue
+        try:
+            for port in range(first, first + size):
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return first
+
+
+def write_config(directory: Path, calendar_url: str, radicale: Any, poll: str) -> Config:
+    keys = directory / "keys"
+    keys.mkdir(exist_ok=True)
+    key_file = directory / "user_key"
+    if not key_file.exists():
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key_file)], check=True
+        )
+    (keys / "alice.pub").write_text(key_file.with_suffix(".pub").read_text())
+    ssh_first, ftp_first, passive_first = port_block(10), port_block(10), port_block(40)
+    file = directory / "config.toml"
+    file.write_text(
+        f"""
+[daemon]
+host = "{HOST}"
+state_dir = "{directory / "state"}"
+poll_interval = "{poll}"
+prepare_ahead = "8s"
+stop_grace = "2s"
+warnings = ["5s"]
+[[calendars]]
+name = "bench"
+url = "{calendar_url}"
+username = "{radicale.username}"
+password_file = "{radicale.password_file}"
+host = "{HOST}"
+default_template = "pytorch"
+[[hosts]]
+name = "{HOST}"
+gpus = [0, 1, 2, 3, 4, 5, 6, 7]
+gpu_mode = "none"
+bind_address = "127.0.0.1"
+ssh_ports = "{ssh_first}-{ssh_first + 9}"
+ftp_ports = "{ftp_first}-{ftp_first + 9}"
+ftp_passive_ports = "{passive_first}-{passive_first + 39}"
+ftp_passive_per_session = 4
+[templates]
+base_image = "{BASE_IMAGE}"
+[users]
+keys_dir = "{keys}"
+host_authorized_keys = false
+[storage]
+output_root = "{directory / "output"}"
+[limits]
+shm_size = "64m"
+"""
+    )
+    return load_config(file)
+
+
+def start_daemon(config: Config, log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpuresa.cli", "--config", config.source, "run"],
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+    )
+
+
+def first_login(port: int, key_file: Path, deadline: float) -> float | None:
+    """time.time() of the first successful SSH login on `port`, or None by `deadline`."""
+    while time.time() < deadline:
+        client = paramiko.SSHClient()
+        client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+        try:
+            client.connect(
+                "127.0.0.1",
+                port=port,
+                username="alice",
+                key_filename=str(key_file),
+                timeout=1,
+                banner_timeout=1,
+                auth_timeout=1,
+                allow_agent=False,
+                look_for_keys=False,
+            )
+            return time.time()
+        except (paramiko.SSHException, OSError, EOFError):
+            time.sleep(0.05)
+        finally:
+            client.close()
+    return None
+
+
+def latency(directory: Path, count: int) -> tuple[list[float], list[float]]:
+    radicale = start_radicale(directory / "radicale")
+    try:
+        calendar = radicale.new_calendar("bench")
+        config = write_config(directory, str(calendar.url), radicale, "5s")
+        runtime = Runtime(config)
+        runtime.ensure_image("pytorch", None)
+        key_file = directory / "user_key"
+        base = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=20)
+        bookings = []
+        for index in range(count):
+            start = base + timedelta(seconds=12 * index)
+            end = start + timedelta(seconds=15)
+            calendar.save_event(
+                dtstart=start,
+                dtend=end,
+                summary="alice",
+                uid=f"bench-{index}",
+                description="template: pytorch\ngpus: 1",
+            )
+            bookings.append((f"bench-{index}", start, end))
+        daemon = start_daemon(config, directory / "daemon.log")
+        starts: list[float] = []
+        ends: list[float] = []
+        lock = threading.Lock()
+
+        def measure(key: str, start: datetime, end: datetime) -> None:
+            port = None
+            while time.time() < start.timestamp() + 30:
+                session = next((s for s in runtime.list_sessions() if s.key == key), None)
+                if session is not None:
+                    port = session.ssh_port
+                    break
+                time.sleep(0.2)
+            if port is None:
+                return
+            login = first_login(port, key_file, start.timestamp() + 30)
+            grace = config.daemon.stop_grace.total_seconds()
+            gone = None
+            while time.time() < end.timestamp() + grace + 30:
+                if not any(s.key == key for s in runtime.list_sessions()):
+                    gone = time.time()
+                    break
+                time.sleep(0.1)
+            with lock:
+                if login is not None:
+                    starts.append(login - start.timestamp())
+                if gone is not None:
+                    ends.append(gone - (end.timestamp() + grace))
+
+        threads = [threading.Thread(target=measure, args=booking) for booking in bookings]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        daemon.terminate()
+        daemon.wait(30)
+        return starts, ends
+    finally:
+        radicale.stop()
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def idle(directory: Path, poll: str, seconds: int) -> tuple[float, float]:
+    radicale = start_radicale(directory / "radicale")
+    try:
+        calendar = radicale.new_calendar("idle")
+        tomorrow = datetime.now(UTC).replace(microsecond=0) + timedelta(days=1)
+        for index in range(50):
+            start = tomorrow + timedelta(hours=index)
+            calendar.save_event(
+                dtstart=start,
+                dtend=start + timedelta(minutes=50),
+                summary="alice",
+                uid=f"idle-{index}",
+                description="template: pytorch\ngpus: 1",
+            )
+        config = write_config(directory, str(calendar.url), radicale, poll)
+        daemon = start_daemon(config, directory / "daemon.log")
+        time.sleep(10)  # start-up and the first poll are not idle time
+        before = cpu_seconds(daemon.pid)
+        time.sleep(seconds)
+        used = cpu_seconds(daemon.pid) - before
+        memory = rss_mib(daemon.pid)
+        daemon.terminate()
+        daemon.wait(30)
+        return used, memory
+    finally:
+        radicale.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=5)
+    parser.add_argument("--idle-seconds", type=int, default=60)
+    arguments = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="gpuresa-bench-") as temporary:
+        root = Path(temporary)
+        starts, ends = latency(root / "latency", arguments.sessions)
+        idle_rows = []
+        for poll in ("30s", "5s"):
+            used, memory = idle(root / f"idle-{poll}", poll, arguments.idle_seconds)
+            idle_rows.append((poll, used, memory))
+    print(f"\n{'measure':<46} {'n':>3} {'median':>9} {'max':>9}")
+    for name, values in (
+        ("start latency: SSH login - start (s)", starts),
+        ("end latency: containers gone - (end+grace) (s)", ends),
+    ):
+        if values:
+            print(
+                f"{name:<46} {len(values):>3} {statistics.median(values):>9.2f} {max(values):>9.2f}"
+            )
+        else:
+            print(f"{name:<46} {0:>3} {'-':>9} {'-':>9}")
+    cpu_heading = f"CPU s / {arguments.idle_seconds} s"
+    print(f"\n{'idle daemon, 50 upcoming reservations':<40} {cpu_heading:>14} {'RSS MiB':>9}")
+    for poll, used, memory in idle_rows:
+        print(f"{'poll every ' + poll:<40} {used:>14.2f} {memory:>9.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+"""The admin commands around the daemon (plan, status, history), readiness and reload.
+
+An ICS folder serves as the calendar here; the real Docker engine runs the
+sessions and the daemon runs as its own process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from conftest import BASE_IMAGE, TEST_HOST, DockerHarness, free_port
+
+from gpuresa.config import load_config
+from gpuresa.runtime import Runtime
+
+
+def ics_event(uid: str, start: datetime, end: datetime, summary: str, description: str) -> str:
+    stamp = "20261101T000000Z"
+    return (
+        "BEGIN:VCALENDAR\r\nVERSION:2.0\r\nPRODID:-//test//EN\r\nBEGIN:VEVENT\r\n"
+        f"UID:{uid}\r\nDTSTAMP:{stamp}\r\n"
+        f"DTSTART:{start:%Y%m%dT%H%M%SZ}\r\nDTEND:{end:%Y%m%dT%H%M%SZ}\r\n"
+        f"SUMMARY:{summary}\r\nDESCRIPTION:{description}\r\n"
+        "END:VEVENT\r\nEND:VCALENDAR\r\n"
+    )
+
+
+def gpuresa(config: Path, *arguments: str, **options: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpuresa.cli", "--config", str(config), *arguments],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.fixture
+def setup(tmp_path: Path, docker_harness: DockerHarness) -> Iterator[Path]:
+    """A config with an ICS folder calendar; yields the config file."""
+    calendar = tmp_path / "calendar"
+    calendar.mkdir()
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "key")], check=True
+    )
+    (keys / "alice.pub").write_text((tmp_path / "key.pub").read_text())
+    first = free_port()
+    while first > 64000:
+        first = free_port()
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f"""
+[daemon]
+host = "{TEST_HOST}"
+state_dir = "{tmp_path / "state"}"
+poll_interval = "1s"
+prepare_ahead = "5s"
+stop_grace = "1s"
+[[calendars]]
+name = "folder"
+kind = "ics"
+url = "{calendar}"
+host = "{TEST_HOST}"
+default_template = "pytorch"
+[[hosts]]
+name = "{TEST_HOST}"
+gpus = [0]
+gpu_mode = "none"
+bind_address = "127.0.0.1"
+ssh_ports = "{first}-{first + 1}"
+ftp_ports = "{first + 2}-{first + 3}"
+ftp_passive_ports = "{first + 4}-{first + 13}"
+ftp_passive_per_session = 5
+[templates]
+base_image = "{BASE_IMAGE}"
+[users]
+keys_dir = "{keys}"
+host_authorized_keys = false
+[storage]
+output_root = "{tmp_path / "output"}"
+[limits]
+shm_size = "64m"
+"""
+    )
+    Runtime(load_config(config)).ensure_image("pytorch", None)
+    yield config
+
+
+def test_plan_shows_what_would_happen_at_a_given_time(setup: Path) -> None:
+    start = datetime(2030, 1, 7, 9, tzinfo=UTC)
+    (setup.parent / "calendar" / "a.ics").write_text(
+        ics_event("plan-1", start, start + timedelta(hours=2), "alice", "gpus: 1")
+    )
+    before = gpuresa(setup, "plan", "--at", "2030-01-07T08:00:00+00:00")
+    assert before.returncode == 0, before.stderr
+    assert "0 action(s)" in before.stdout
+    at_start = gpuresa(setup, "plan", "--at", "2030-01-07T10:00:00+01:00")
+    assert at_start.returncode == 0, at_start.stderr
+    assert "start plan-1 for alice" in at_start.stdout
+    bad = gpuresa(setup, "plan", "--at", "tomorrow")
+    assert bad.returncode == 1 and "--at: expected an ISO 8601 time" in bad.stderr
+
+
+def test_status_and_history_before_any_run_say_so(setup: Path) -> None:
+    result = gpuresa(setup, "status")
+    assert result.returncode == 1
+    assert "no journal yet" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_daemon_reports_ready_status_history_and_reloads(
+    setup: Path, tmp_path: Path, docker_harness: DockerHarness
+) -> None:
+    start = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=3)
+    calendar = setup.parent / "calendar"
+    (calendar / "a.ics").write_text(
+        ics_event("status-1", start, start + timedelta(minutes=5), "alice", "gpus: 1")
+    )
+    (calendar / "b.ics").write_text(
+        ics_event("status-2", start, start + timedelta(minutes=5), "Bad/Login", "gpus: 1")
+    )
+    notify_path = tmp_path / "notify.sock"
+    receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    receiver.bind(str(notify_path))
+    receiver.settimeout(30)
+    log = tmp_path / "daemon.log"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gpuresa.cli", "--config", str(setup), "-v", "run"],
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "NOTIFY_SOCKET": str(notify_path)},
+    )
+    try:
+        assert receiver.recv(4096).decode().startswith("READY=1")
+        deadline = time.monotonic() + 30
+        report: dict[str, object] = {}
+        while time.monotonic() < deadline:
+            result = gpuresa(setup, "status", "--json")
+            assert result.returncode == 0, result.stderr
+            report = json.loads(result.stdout)
+            sessions = report["sessions"]
+            assert isinstance(sessions, list)
+            if any(item["state"] == "running" for item in sessions):
+                break
+            time.sleep(0.5)
+        sessions = report["sessions"]
+        assert isinstance(sessions, list) and len(sessions) == 1
+        assert sessions[0]["key"] == "status-1" and sessions[0]["user"] == "alice"
+        assert sessions[0]["until"] == (start + timedelta(minutes=5)).isoformat()
+        rejected = report["rejected"]
+        assert isinstance(rejected, list)
+        assert [item["key"] for item in rejected] == ["status-2"]
+        calendars = report["calendars"]
+        assert isinstance(calendars, dict)
+        assert calendars["folder"]["last_error"] is None
+        assert calendars["folder"]["stale_seconds"] <= 5
+
+        text = gpuresa(setup, "status")
+        assert "status-1" in text.stdout and "rejected (1)" in text.stdout
+
+        history = gpuresa(setup, "history", "--user", "alice")
+        assert history.returncode == 0
+        assert "status-1" in history.stdout and "running" in history.stdout
+        assert "status-2" not in history.stdout
+
+        # a broken config on reload is refused and the daemon goes on
+        good = setup.read_text()
+        setup.write_text(good + "\n[daemon.typo]\n")
+        process.send_signal(signal.SIGHUP)
+        wait_for_log(log, "reload refused")
+        setup.write_text(good.replace('poll_interval = "1s"', 'poll_interval = "2s"'))
+        process.send_signal(signal.SIGHUP)
+        wait_for_log(log, "configuration reloaded")
+        assert process.poll() is None
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(30)
+        receiver.close()
+    # SIGTERM ends the daemon, not the session
+    assert [session.key for session in Runtime(load_config(setup)).list_sessions()] == ["status-1"]
+
+
+def wait_for_log(log: Path, text: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if text in log.read_text(errors="replace"):
+            return
+        time.sleep(0.2)
+    pytest.fail(f"{text!r} not in the daemon log:\n{log.read_text()[-3000:]}")
