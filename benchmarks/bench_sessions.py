@@ -1,0 +1,239 @@
+"""How long a session takes to start and stop, against a bare `docker run` of its image.
+
+Measures, in one run and interleaved (so both see the same machine):
+
+- session start (network, main container, FTP sidecar, readiness checks) until
+  the user's SSH login succeeds, from nothing and from a prepared session;
+- a bare `docker run` of the same image (same entrypoint, same login and key)
+  until its sshd accepts the same login;
+- session stop (containers and network removed, output kept).
+
+Prints a table of medians; the target is a start at most 1.5 times the bare run.
+Needs the Docker engine and the local base image (`make setup`); everything it
+makes is labelled with its own host name and removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+import paramiko
+
+from gpuresa.config import Config, parse_config
+from gpuresa.model import SessionSpec
+from gpuresa.runtime import Runtime
+
+BASE_IMAGE = "gpuresa/base:bookworm"
+LOGIN = "bench"
+UID = 23456
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_block(size: int) -> int:
+    for _ in range(200):
+        first = random.randrange(40000, 60000 - size)
+        if all(port_free(port) for port in range(first, first + size)):
+            return first
+    raise SystemExit(f"no {size} consecutive free ports in 40000-60000")
+
+
+def make_config(root: Path, host: str) -> Config:
+    for folder in ("keys", "output", "state", "input"):
+        (root / folder).mkdir(parents=True, exist_ok=True)
+    first = free_block(2 + 2 + 2 * 3)
+    return parse_config(
+        {
+            "daemon": {"host": host, "state_dir": str(root / "state")},
+            "hosts": [
+                {
+                    "name": host,
+                    "gpus": [],
+                    "gpu_mode": "none",
+                    "bind_address": "127.0.0.1",
+                    "ssh_ports": f"{first}-{first + 1}",
+                    "ftp_ports": f"{first + 2}-{first + 3}",
+                    "ftp_passive_ports": f"{first + 4}-{first + 9}",
+                    "ftp_passive_per_session": 3,
+                }
+            ],
+            "templates": {"base_image": BASE_IMAGE},
+            "users": {
+                "keys_dir": str(root / "keys"),
+                "host_authorized_keys": False,
+                "uids": {LOGIN: UID},
+            },
+            "storage": {
+                "output_root": str(root / "output"),
+                "inputs": [{"source": str(root / "input"), "target": "/data"}],
+            },
+            "limits": {"shm_size": "256m"},
+        },
+        str(root / "bench.toml"),
+    )
+
+
+def wait_for_login(port: int, key: paramiko.PKey, timeout: float = 30) -> None:
+    """Return as soon as `LOGIN` logs in with `key` on 127.0.0.1:port."""
+    deadline = time.monotonic() + timeout
+    while True:
+        client = paramiko.SSHClient()
+        client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+        try:
+            client.connect(
+                "127.0.0.1",
+                port,
+                username=LOGIN,
+                pkey=key,
+                look_for_keys=False,
+                allow_agent=False,
+                timeout=2,
+                banner_timeout=2,
+                auth_timeout=2,
+            )
+            return
+        except (OSError, EOFError, paramiko.SSHException):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+        finally:
+            client.close()
+
+
+def timed(action: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    action()
+    return time.perf_counter() - started
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=7, help="measurements of each (>= 5)")
+    arguments = parser.parse_args()
+    rounds = max(5, arguments.rounds)
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+
+    host = f"bench-{uuid.uuid4().hex[:8]}"
+    client: Any = docker.from_env(timeout=120)
+    results: dict[str, list[float]] = {
+        "bare": [],
+        "session": [],
+        "prepared": [],
+        "stop": [],
+    }
+    with tempfile.TemporaryDirectory(prefix="gpuresa-bench-") as directory:
+        root = Path(directory)
+        config = make_config(root, host)
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / "key")], check=True
+        )
+        public_key = (root / "key.pub").read_text()
+        (root / "keys" / f"{LOGIN}.pub").write_text(public_key)
+        key = paramiko.Ed25519Key.from_private_key_file(str(root / "key"))
+        runtime = Runtime(config, client)
+        image = runtime.ensure_image("pytorch", None)
+        runtime.ensure_ftp_image()
+        bare_port = free_block(1)
+
+        def spec() -> SessionSpec:
+            end = datetime.now(UTC) + timedelta(hours=1)
+            return runtime.new_spec(LOGIN, "pytorch", end, key=f"bench-{uuid.uuid4().hex[:8]}")
+
+        bare_environment = {
+            "GPURESA_USER": LOGIN,
+            "GPURESA_UID": str(UID),
+            "GPURESA_AUTHORIZED_KEYS": public_key.strip(),
+            "GPURESA_END": "2030-01-01T00:00:00Z",
+        }
+
+        try:
+            for _ in range(rounds):
+                # bare docker run of the same image until the login works
+                started = time.perf_counter()
+                container = client.containers.run(
+                    image,
+                    detach=True,
+                    environment=bare_environment,
+                    ports={"22/tcp": ("127.0.0.1", bare_port)},
+                    labels={"gpuresa.host": host},
+                )
+                wait_for_login(bare_port, key)
+                results["bare"].append(time.perf_counter() - started)
+                container.remove(force=True)
+
+                # a session from nothing until the login works
+                wanted = spec()
+                started = time.perf_counter()
+                session = runtime.start(wanted)
+                wait_for_login(session.ssh_port, key)
+                results["session"].append(time.perf_counter() - started)
+                results["stop"].append(
+                    timed(functools.partial(runtime.stop, wanted.key, timedelta(0)))
+                )
+
+                # a session prepared minutes earlier (as the daemon does) until the login works
+                wanted = spec()
+                runtime.prepare(wanted)
+                started = time.perf_counter()
+                session = runtime.start(wanted)
+                wait_for_login(session.ssh_port, key)
+                results["prepared"].append(time.perf_counter() - started)
+                runtime.stop(wanted.key, timedelta(0))
+        finally:
+            for container in client.containers.list(
+                all=True, filters={"label": f"gpuresa.host={host}"}
+            ):
+                container.remove(force=True)
+            for network in client.networks.list(filters={"label": f"gpuresa.host={host}"}):
+                network.remove()
+
+    bare = statistics.median(results["bare"])
+    rows = [
+        ("bare `docker run` until SSH login", results["bare"]),
+        ("session start until SSH login", results["session"]),
+        ("prepared session start until SSH login", results["prepared"]),
+        ("session stop", results["stop"]),
+    ]
+    print(f"gpuresa session benchmark ({rounds} rounds each, image {image}, base {BASE_IMAGE})")
+    print(f"{'measure':<42} {'median':>8} {'min':>8} {'max':>8} {'/ bare':>7}")
+    for label, values in rows:
+        median = statistics.median(values)
+        versus = f"{median / bare:.2f}x" if "start" in label else ""
+        print(f"{label:<42} {median:>7.3f}s {min(values):>7.3f}s {max(values):>7.3f}s {versus:>7}")
+    for label, measure in (
+        ("from nothing", "session"),
+        ("prepared (the daemon's way)", "prepared"),
+    ):
+        ratio = statistics.median(results[measure]) / bare
+        verdict = "meets" if ratio <= 1.5 else "misses"
+        print(f"session start {label} / bare docker run = {ratio:.2f}x ({verdict} the 1.5x target)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,952 @@
+"""Sessions on Docker: create, start, check, adopt, message and remove them.
+
+A session is three Docker objects named after the host and the reservation key
+(see `payload.session_name`): a network of its own, the main container (the
+template's image with sshd for the booked login) and an FTP sidecar serving
+the output folder. All three carry `gpuresa.*` labels, so `list_sessions()`
+rebuilds every session from Docker alone and a restarted daemon adopts what
+runs. The one thing labels cannot say is a moved end time (labels are fixed
+at creation): that is kept in `<state_dir>/sessions/<key>.json`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import os
+import re
+import secrets
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from zoneinfo import ZoneInfo
+
+import paramiko
+
+from gpuresa.access import (
+    AccessError,
+    authorized_keys,
+    check_login,
+    container_uid,
+    ftp_credentials,
+    host_account,
+)
+from gpuresa.allocation import Holding, Ports, allocate_gpus, allocate_ports
+from gpuresa.config import Config, HostConfig
+from gpuresa.model import Session, SessionSpec
+from gpuresa.runtime.engine import Engine, EngineRefused, dumps
+from gpuresa.runtime.errors import RuntimeUnavailable, SessionError
+from gpuresa.runtime.output import hand_over, output_path, prepare_output, remap_base
+from gpuresa.runtime.payload import (
+    FTP_ROLE,
+    HOST_LABEL,
+    KEY_LABEL,
+    MAIN_ROLE,
+    NETWORK_ROLE,
+    ROLE_LABEL,
+    GpuAccess,
+    MainContainer,
+    ftp_name,
+    ftp_payload,
+    gpu_access,
+    main_payload,
+    passive_address,
+    safe_key,
+    session_from_labels,
+    session_labels,
+    session_name,
+    utc_text,
+)
+from gpuresa.runtime.templates import (
+    ACCESS_LAYER,
+    FTP_DEFAULT_BASE_IMAGE,
+    FTP_SIDECAR,
+    context_archive,
+    image_digest,
+    image_tag,
+    resolve_template,
+    templates_directory,
+)
+
+if TYPE_CHECKING:
+    from docker import DockerClient
+
+log = logging.getLogger(__name__)
+
+# How often readiness is probed while a session starts.
+PROBE_INTERVAL = 0.05
+# How long `host_gpus()` trusts what nvidia-smi said.
+GPU_LIST_LIFETIME = timedelta(minutes=5)
+SET_END_COMMAND = "/opt/gpuresa/set-end.sh"
+
+
+@dataclass(frozen=True)
+class _Found:
+    """A session's containers as Docker shows them, by role."""
+
+    main: dict[str, Any] | None
+    ftp: dict[str, Any] | None
+
+    @property
+    def all(self) -> list[dict[str, Any]]:
+        return [container for container in (self.main, self.ftp) if container is not None]
+
+    @property
+    def complete(self) -> bool:
+        return self.main is not None and self.ftp is not None
+
+
+def _status(container: dict[str, Any] | None) -> str:
+    if container is None:
+        return "missing"
+    return str(container.get("State", {}).get("Status", "unknown"))
+
+
+def _name(container: dict[str, Any]) -> str:
+    """A container's name (readable in logs and errors), else its id."""
+    return str(container.get("Name") or container["Id"]).lstrip("/")
+
+
+def _environment(container: dict[str, Any]) -> dict[str, str]:
+    pairs = (item.partition("=") for item in container.get("Config", {}).get("Env") or [])
+    return {name: value for name, _, value in pairs}
+
+
+def end_text(end: datetime, timezone: str) -> str:
+    """An end time for people: in the site's time zone, with UTC alongside."""
+    local = end.astimezone(ZoneInfo(timezone))
+    utc = end.astimezone(UTC)
+    if timezone == "UTC":
+        return f"{utc:%Y-%m-%d %H:%M} UTC"
+    return f"{local:%Y-%m-%d %H:%M} {local.tzname()} ({utc:%H:%M} UTC)"
+
+
+class Runtime:
+    """The sessions of this daemon's host, kept in Docker.
+
+    Given the config and optionally a `docker.DockerClient` (else one is made
+    from the environment on first use: making a Runtime never needs Docker).
+    Every method raises `RuntimeUnavailable` when the engine does not answer;
+    requests that cannot be served raise `SessionError` with the reason.
+    """
+
+    def __init__(self, config: Config, client: DockerClient | None = None) -> None:
+        self.config = config
+        self.engine = Engine(client)
+        self._image_lock = threading.Lock()
+        self._remap: tuple[int, int] | None = None
+        self._gpus: tuple[datetime, tuple[int, ...]] | None = None
+
+    # --- what the host has -----------------------------------------------------------------
+
+    @property
+    def host(self) -> HostConfig:
+        """This daemon's [[hosts]] entry."""
+        return self.config.host()
+
+    def host_gpus(self) -> tuple[int, ...]:
+        """The GPU indices this host hands out.
+
+        The configured list, or for "auto" what `nvidia-smi` reports (asked at
+        most every few minutes); empty when gpu_mode is "none" or nvidia-smi is
+        absent or fails.
+        """
+        host = self.host
+        if host.gpu_mode == "none":
+            return ()
+        if isinstance(host.gpus, tuple):
+            return host.gpus
+        now = datetime.now(UTC)
+        if self._gpus is not None and now - self._gpus[0] < GPU_LIST_LIFETIME:
+            return self._gpus[1]
+        command = ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"]
+        try:
+            result = subprocess.run(command, capture_output=True, text=True, timeout=20, check=True)
+            indices = tuple(int(line) for line in result.stdout.split() if line.strip().isdigit())
+        except FileNotFoundError:
+            log.warning('host %s: gpus = "auto" but nvidia-smi is not installed', host.name)
+            indices = ()
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as error:
+            log.warning("host %s: nvidia-smi failed: %s", host.name, error)
+            indices = ()
+        self._gpus = (now, indices)
+        return indices
+
+    def remapped_ids(self) -> tuple[int, int]:
+        """The host uid and gid of root in containers (0, 0 without user namespaces)."""
+        if self._remap is None:
+            self._remap = remap_base(self.engine.info())
+            if self._remap == (0, 0):
+                log.warning("the Docker engine runs without user namespaces (userns-remap)")
+        return self._remap
+
+    # --- images ----------------------------------------------------------------------------
+
+    def ensure_image(self, template: str, cuda: str | None) -> str:
+        """The image tag of `template`'s variant `cuda` (None: its preferred one), built if missing.
+
+        The tag carries a hash of the template's files, the access layer's
+        files and the base image (name and id), so an edited template is
+        rebuilt and an unchanged one reused. Raises `SessionError` for a template
+        or variant the config does not allow, or a build that fails.
+        """
+        chosen, variant = resolve_template(self.config.templates, template, cuda)
+        templates = self.config.templates
+        base = templates.base_image or variant.base_image
+        access = self._support_directory(ACCESS_LAYER)
+        with self._image_lock:
+            base_id = self._base_image_id(base)
+            digest = image_digest(
+                [chosen.name, variant.name, base, base_id], chosen.directory, access
+            )
+            tag = image_tag(templates.image_prefix, chosen.name, f"{variant.name}-{digest[:12]}")
+            if self.engine.image_id(tag) is not None:
+                return tag
+            log.info("building image %s (template %s on %s)", tag, chosen.name, base)
+            started = time.monotonic()
+            labels = {
+                "gpuresa.template": chosen.name,
+                "gpuresa.cuda": variant.name,
+                "gpuresa.base-image": base,
+                "gpuresa.image-hash": digest,
+            }
+            stage = self.engine.build(
+                context_archive(chosen.directory), None, {"BASE_IMAGE": base}, labels
+            )
+            self.engine.build(context_archive(access), tag, {"TEMPLATE_IMAGE": stage}, labels)
+            log.info("built image %s in %.1f s", tag, time.monotonic() - started)
+            return tag
+
+    def ensure_ftp_image(self) -> str:
+        """The FTP sidecar's image tag, built if missing (hash of its files and base)."""
+        base = self.config.templates.base_image or FTP_DEFAULT_BASE_IMAGE
+        directory = self._support_directory(FTP_SIDECAR)
+        with self._image_lock:
+            base_id = self._base_image_id(base)
+            digest = image_digest(["ftp", base, base_id], directory)
+            tag = image_tag(self.config.templates.image_prefix, "session-ftp", digest[:12])
+            if self.engine.image_id(tag) is not None:
+                return tag
+            log.info("building image %s (FTP sidecar on %s)", tag, base)
+            self.engine.build(
+                context_archive(directory),
+                tag,
+                {"BASE_IMAGE": base},
+                {"gpuresa.base-image": base, "gpuresa.image-hash": digest},
+            )
+            return tag
+
+    def _support_directory(self, name: str) -> Path:
+        directory = templates_directory(self.config.templates) / name
+        if not (directory / "Dockerfile").is_file():
+            raise SessionError(
+                f"{directory / 'Dockerfile'} is missing: the templates directory must hold "
+                f"gpuresa's {name!r} folder next to the templates"
+            )
+        return directory
+
+    def _base_image_id(self, base: str) -> str:
+        image = self.engine.image_id(base)
+        if image is not None:
+            return image
+        log.info("base image %s is not here: pulling it", base)
+        try:
+            return self.engine.pull(base)
+        except EngineRefused as error:
+            raise SessionError(
+                f"base image {base} is not on this host and cannot be pulled ({error}); "
+                "load it (docker load) or set templates.base_image"
+            ) from None
+
+    # --- reading sessions back from Docker -------------------------------------------------
+
+    def list_sessions(self) -> list[Session]:
+        """Every session of this host, rebuilt from its containers' labels.
+
+        state: "running" (both containers run), "created" (prepared: the main
+        container not yet started) or "stopped" (anything else: exited, half
+        there). The end is
+        the latest one `extend()` recorded, else the label's. Containers whose
+        labels gpuresa did not write are logged and left out.
+        """
+        containers = self.engine.containers({"label": [f"{HOST_LABEL}={self.config.daemon.host}"]})
+        grouped: dict[str, list[dict[str, Any]]] = {}
+        for container in containers:
+            key = container.get("Config", {}).get("Labels", {}).get(KEY_LABEL)
+            if key is not None:
+                grouped.setdefault(key, []).append(container)
+        sessions = []
+        for key, members in grouped.items():
+            session = self._session(key, self._by_role(members))
+            if session is not None:
+                sessions.append(session)
+        return sorted(sessions, key=lambda session: (session.start, session.key))
+
+    def session(self, key: str) -> Session | None:
+        """The session `key` of this host as Docker shows it, or None."""
+        return self._session(key, self._find(key))
+
+    def _find(self, key: str) -> _Found:
+        containers = self.engine.containers(
+            {"label": [f"{HOST_LABEL}={self.config.daemon.host}", f"{KEY_LABEL}={key}"]}
+        )
+        return self._by_role(containers)
+
+    @staticmethod
+    def _by_role(containers: list[dict[str, Any]]) -> _Found:
+        main = ftp = None
+        for container in containers:
+            role = container.get("Config", {}).get("Labels", {}).get(ROLE_LABEL)
+            if role == MAIN_ROLE:
+                main = container
+            elif role == FTP_ROLE:
+                ftp = container
+        return _Found(main, ftp)
+
+    def _session(self, key: str, found: _Found) -> Session | None:
+        reference = found.main or found.ftp
+        if reference is None:
+            return None
+        main, sidecar = _status(found.main), _status(found.ftp)
+        if main == sidecar == "running":
+            state = "running"
+        elif main == "created" and sidecar in ("created", "running"):
+            # prepared: the sidecar may already run, the user's container not yet
+            state = "created"
+        else:
+            # exited, killed, or half there
+            state = "stopped"
+        password = _environment(found.ftp).get("FTP_PASSWORD", "") if found.ftp else ""
+        names = tuple(_name(container) for container in found.all)
+        try:
+            return session_from_labels(
+                reference["Config"]["Labels"], state, names, password, self._recorded_end(key)
+            )
+        except (KeyError, ValueError) as error:
+            log.warning("%s: containers %s have labels gpuresa cannot read (%s)", key, names, error)
+            return None
+
+    # --- the end-time record ---------------------------------------------------------------
+
+    def _record_path(self, key: str) -> Path:
+        return self.config.daemon.state_dir / "sessions" / f"{safe_key(key)}.json"
+
+    def _recorded_end(self, key: str) -> datetime | None:
+        try:
+            record = json.loads(self._record_path(key).read_text(encoding="utf-8"))
+            if record.get("key") != key:
+                return None
+            return datetime.fromisoformat(record["end"]).astimezone(UTC)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            log.warning("%s: ignoring unreadable record %s: %s", key, self._record_path(key), error)
+            return None
+
+    def _record_end(self, key: str, end: datetime) -> None:
+        path = self._record_path(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            temporary = path.with_suffix(".tmp")
+            temporary.write_text(json.dumps({"key": key, "end": utc_text(end)}) + "\n")
+            os.replace(temporary, path)
+        except OSError as error:
+            raise SessionError(
+                f"cannot record the new end of session {key} in {path}: {error}"
+            ) from None
+
+    def _forget_end(self, key: str) -> None:
+        try:
+            self._record_path(key).unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as error:
+            log.warning("%s: cannot remove %s: %s", key, self._record_path(key), error)
+
+    # --- checks before anything is made ----------------------------------------------------
+
+    def check_spec(self, spec: SessionSpec) -> None:
+        """Refuse, with a `SessionError`, a spec this host cannot serve; creates nothing.
+
+        Checks the host, the login (again: defence in depth), the template and
+        variant against the allowlist, the GPUs against the host's, and the
+        ports against the host's ranges.
+        """
+        host = self.host
+        key = spec.key
+        if spec.host != host.name:
+            raise SessionError(f"session {key} is for host {spec.host!r}; this is {host.name!r}")
+        try:
+            check_login(spec.user)
+        except AccessError as error:
+            raise SessionError(f"session {key}: {error}") from None
+        resolve_template(self.config.templates, spec.template, spec.cuda)
+        if len(set(spec.gpus)) != len(spec.gpus):
+            raise SessionError(f"session {key}: GPUs {list(spec.gpus)} repeat an index")
+        available = self.host_gpus()
+        unknown = sorted(set(spec.gpus) - set(available))
+        if unknown:
+            raise SessionError(
+                f"session {key}: host {host.name} has no GPU {', '.join(map(str, unknown))} "
+                f"(it has {', '.join(map(str, available)) or 'none'})"
+            )
+        problems = []
+        if spec.ssh_port not in host.ssh_ports:
+            problems.append(f"SSH port {spec.ssh_port} is outside {host.ssh_ports}")
+        if spec.ftp_port not in host.ftp_ports:
+            problems.append(f"FTP port {spec.ftp_port} is outside {host.ftp_ports}")
+        passive = host.ftp_passive_ports
+        if not (
+            spec.ftp_passive_first in passive
+            and spec.ftp_passive_last in passive
+            and spec.ftp_passive_first <= spec.ftp_passive_last
+        ):
+            problems.append(
+                f"passive FTP ports {spec.ftp_passive_first}-{spec.ftp_passive_last} "
+                f"are outside {passive}"
+            )
+        if problems:
+            raise SessionError(f"session {key}: {'; '.join(problems)}")
+
+    def _gpu_access(self, gpus: Sequence[int]) -> GpuAccess:
+        """`gpu_access` with what this host's /dev and driver files hold."""
+        host = self.host
+        if host.gpu_mode != "devices" or not gpus:
+            return gpu_access(host, gpus)
+        devices = {str(path) for path in Path("/dev").glob("nvidia*")}
+        libraries = _expand(host.driver_libraries, "driver_libraries")
+        binaries = _expand(host.driver_binaries, "driver_binaries")
+        return gpu_access(host, gpus, devices, libraries, binaries)
+
+    # --- the life of a session -------------------------------------------------------------
+
+    def prepare(self, spec: SessionSpec) -> Session:
+        """Make everything a session needs short of starting it; returns it ("created").
+
+        The image is built if missing, the output folder made, the network and
+        both containers created, and the FTP sidecar started (it publishes most
+        of the ports, so its start is the slow one; the main container, and so
+        the user's SSH access, starts only with `start`). Idempotent: a session
+        that is already created or running is returned as it is; one that
+        stopped or is half there is removed and made again (its output folder
+        is kept). Raises `SessionError` before creating anything for a spec
+        that cannot be served (see `check_spec`, plus a login with no SSH key);
+        a creation that fails midway is undone.
+        """
+        session, _ = self._prepare(spec, start_sidecar=True)
+        return session
+
+    def _prepare(self, spec: SessionSpec, *, start_sidecar: bool) -> tuple[Session, _Found]:
+        key = spec.key
+        self.check_spec(spec)
+        found = self._find(key)
+        existing = self._session(key, found)
+        if existing is not None and found.complete and existing.state in ("created", "running"):
+            log.debug("%s: already %s", key, existing.state)
+            return existing, found
+        if found.all:
+            log.info(
+                "%s: removing its %s containers to make them again",
+                key,
+                existing.state if existing else "unreadable",
+            )
+            self._remove(key, found)
+        users = self.config.users
+        try:
+            keys = authorized_keys(spec.user, users)
+            uid = container_uid(spec.user, users)
+            credentials = ftp_credentials(spec.user)
+        except AccessError as error:
+            raise SessionError(f"session {key}: {error}") from None
+        template, variant = resolve_template(self.config.templates, spec.template, spec.cuda)
+        gpu = self._gpu_access(spec.gpus)
+        image = self.ensure_image(spec.template, variant.name)
+        ftp_image = self.ensure_ftp_image()
+        remapped_uid, remapped_gid = self.remapped_ids()
+        output_dir = output_path(self.config, spec)
+        prepare_output(output_dir, remapped_uid + uid, remapped_gid + uid, key)
+
+        labelled = dataclasses.replace(spec, cuda=variant.name)
+        labels = session_labels(labelled, uid, output_dir, credentials.user)
+        main = MainContainer(
+            image=image,
+            uid=uid,
+            authorized_keys=keys,
+            output_dir=output_dir,
+            end_text=end_text(spec.end, self.config.reservations.timezone),
+            command=template.command or (),
+            gpu=gpu,
+        )
+        main_config = main_payload(self.config, labelled, main, labels)
+        sidecar_config = ftp_payload(
+            self.config,
+            labelled,
+            ftp_image,
+            uid,
+            credentials.user,
+            credentials.password,
+            output_dir,
+            labels,
+            self._announced_address(key),
+        )
+        log.debug("%s: main container %s", key, dumps(main_config))
+        log.debug("%s: FTP sidecar %s", key, dumps(sidecar_config))
+        name = session_name(spec.host, key)
+        sidecar = ftp_name(spec.host, key)
+        try:
+            self.engine.create_network(name, {**labels, ROLE_LABEL: NETWORK_ROLE}, key)
+            self.engine.create_container(sidecar, sidecar_config, key)
+            self.engine.create_container(name, main_config, key)
+            if start_sidecar:
+                self.engine.start_container(sidecar, key)
+        except SessionError as error:
+            self._remove_quietly(key)
+            raise SessionError(f"session {key} could not be prepared: {error}") from None
+        self._forget_end(key)
+        log.info(
+            "%s: prepared for %s (template %s %s, GPUs %s, ssh %d, ftp %d)",
+            key, spec.user, spec.template, variant.name, list(spec.gpus),
+            spec.ssh_port, spec.ftp_port,
+        )  # fmt: skip
+        found = self._find(key)
+        session = self._session(key, found)
+        if session is None:
+            raise SessionError(f"session {key} was created but Docker does not list it")
+        return session, found
+
+    def start(self, spec: SessionSpec, ready_timeout: float = 30) -> Session:
+        """Start the session of `spec` and return it once SSH and FTP answer.
+
+        Prepares it first when needed. Ready means: sshd completes an SSH key
+        exchange and the FTP server greets, both on the published ports.
+        Idempotent: a running session is returned as it is. On failure the
+        session's containers and network are removed (ports freed, output kept)
+        and `SessionError` says why, with the end of the containers' logs.
+        """
+        key = spec.key
+        started = time.monotonic()
+        existing = self.session(key)
+        if existing is not None and existing.state == "running":
+            log.debug("%s: already running", key)
+            return existing
+        # from nothing, both containers start at once below: faster than in turn
+        session, found = self._prepare(spec, start_sidecar=False)
+        waiting = {
+            role: container
+            for role, container in ((MAIN_ROLE, found.main), (FTP_ROLE, found.ftp))
+            if container is not None and _status(container) != "running"
+        }
+        try:
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                starting = {
+                    role: pool.submit(self.engine.start_container, _name(container), key)
+                    for role, container in waiting.items()
+                }
+                self._wait_ready(key, session, started + ready_timeout, starting)
+            if found.main is not None:
+                self._show_recorded_end(key, _name(found.main))
+        except RuntimeUnavailable:
+            raise
+        except SessionError as error:
+            logs = self._log_tails(found)
+            log.error("%s: start failed: %s%s", key, error, logs)
+            self._remove_quietly(key)
+            raise SessionError(f"session {key} did not start: {error}{logs}") from None
+        running = self.session(key) or session
+        log.info(
+            "%s: running for %s in %.2f s (ssh port %d, ftp port %d)",
+            key, running.user, time.monotonic() - started, running.ssh_port, running.ftp_port,
+        )  # fmt: skip
+        return running
+
+    def _show_recorded_end(self, key: str, container: str) -> None:
+        """A session extended before it started shows its new end from the first login.
+
+        A banner that cannot be written is logged: it never fails a start.
+        """
+        recorded = self._recorded_end(key)
+        if recorded is None:
+            return
+        try:
+            self._set_end(key, container, recorded)
+        except SessionError as error:
+            log.warning("%s: %s", key, error)
+
+    def _set_end(self, key: str, container: str, end: datetime) -> None:
+        text = end_text(end, self.config.reservations.timezone)
+        code, output = self.engine.execute(container, [SET_END_COMMAND, utc_text(end), text], key)
+        if code != 0:
+            raise SessionError(f"session {key}: could not write the new end time: {output.strip()}")
+
+    def _announced_address(self, key: str) -> str:
+        """The IPv4 address PASV replies announce: `passive_address`, resolved on this host."""
+        name = passive_address(self.host)
+        if not name:
+            return ""
+        try:
+            return socket.gethostbyname(name)
+        except OSError as error:
+            log.warning(
+                "%s: cannot resolve %s for FTP passive mode (%s); clients must use the "
+                "control connection's address",
+                key, name, error,
+            )  # fmt: skip
+            return ""
+
+    def _probe_address(self) -> str:
+        address = self.host.bind_address
+        return (
+            "127.0.0.1" if address in ("0.0.0.0", "") else ("::1" if address == "::" else address)
+        )
+
+    def _wait_ready(
+        self, key: str, session: Session, deadline: float, starting: dict[str, Future[None]]
+    ) -> None:
+        """Wait until sshd completes a key exchange and FTP greets; else `SessionError`.
+
+        `starting` holds the container starts still under way, by role: a
+        server is probed once its container's start returned, and a start that
+        failed is raised at once.
+        """
+        address = self._probe_address()
+        ssh_ready = ftp_ready = False
+        next_check = time.monotonic() + 0.5
+
+        def started(role: str) -> bool:
+            future = starting.get(role)
+            if future is None:
+                return True
+            if not future.done():
+                return False
+            future.result()  # raises what the start raised
+            return True
+
+        while True:
+            remaining = min(2.0, max(deadline - time.monotonic(), 0.1))
+            if not ssh_ready and started(MAIN_ROLE):
+                ssh_ready = ssh_handshake(address, session.ssh_port, remaining)
+            if not ftp_ready and started(FTP_ROLE):
+                ftp_ready = ftp_greeting(address, session.ftp_port, remaining)
+            if ssh_ready and ftp_ready:
+                return
+            if time.monotonic() >= deadline:
+                late = " and ".join(
+                    what
+                    for what, ready in (("sshd", ssh_ready), ("the FTP server", ftp_ready))
+                    if not ready
+                )
+                raise SessionError(f"{late} did not answer within the time allowed")
+            if time.monotonic() >= next_check and all(
+                future.done() for future in starting.values()
+            ):
+                self._check_still_running(key)
+                next_check = time.monotonic() + 0.5
+            time.sleep(PROBE_INTERVAL)
+
+    def _check_still_running(self, key: str) -> None:
+        found = self._find(key)
+        for role, container in (("main container", found.main), ("FTP sidecar", found.ftp)):
+            if _status(container) not in ("running", "created"):
+                code = (container or {}).get("State", {}).get("ExitCode")
+                raise SessionError(
+                    f"the {role} stopped (status {_status(container)}, exit code {code})"
+                )
+
+    def _log_tails(self, found: _Found) -> str:
+        parts = []
+        for role, container in (("main container", found.main), ("FTP sidecar", found.ftp)):
+            if container is None:
+                continue
+            text = self.engine.logs(_name(container), 15).strip()
+            if text:
+                parts.append(f"\n--- log of the {role}:\n{text}")
+        return "".join(parts)
+
+    def stop(self, key: str, grace: timedelta) -> None:
+        """End session `key`: its processes get SIGTERM and `grace` to exit, then all is removed.
+
+        Idempotent: a session that is gone or going counts as stopped. The
+        output folder is never deleted; with storage.hand_output_to_user it is
+        given to the login's host account.
+        """
+        found = self._find(key)
+        session = self._session(key, found)
+        if found.main is not None and _status(found.main) == "running" and grace > timedelta(0):
+            self._end_user_processes(key, found.main, grace)
+        # the user's processes had their grace: what is left may be killed
+        _in_parallel(
+            [
+                functools.partial(self.engine.remove_container, container["Id"], key)
+                for container in found.all
+            ]
+        )
+        self._remove_networks(key)
+        self._forget_end(key)
+        if session is None:
+            log.debug("%s: nothing to stop", key)
+            return
+        log.info("%s: stopped; output kept in %s", key, session.output_dir)
+        if self.config.storage.hand_output_to_user:
+            account = host_account(session.user)
+            if account is None:
+                log.warning(
+                    "%s: %s has no account on this host: output stays with gpuresa",
+                    key,
+                    session.user,
+                )
+            elif session.output_dir.is_dir():
+                hand_over(session.output_dir, account.uid, account.gid, key)
+
+    def _end_user_processes(self, key: str, main: dict[str, Any], grace: timedelta) -> None:
+        """SIGTERM every process of the session's login, then wait up to `grace` for them."""
+        uid = main["Config"]["Labels"].get("gpuresa.uid", "")
+        if not uid.isdigit():
+            return
+        container = _name(main)
+        try:
+            code, _ = self.engine.execute(container, ["pkill", "-TERM", "-U", uid], key)
+            if code != 0:
+                return  # nobody's processes (or no pkill in the image)
+            log.info("%s: asked the user's processes to end; waiting up to %s", key, grace)
+            deadline = time.monotonic() + grace.total_seconds()
+            while time.monotonic() < deadline:
+                code, _ = self.engine.execute(container, ["pgrep", "-U", uid], key)
+                if code != 0:
+                    return
+                time.sleep(0.25)
+            log.info("%s: the user's processes outlived the grace period; killing them", key)
+        except EngineRefused as error:
+            log.warning("%s: could not signal the user's processes: %s", key, error)
+
+    def _remove_networks(self, key: str) -> None:
+        host = self.config.daemon.host
+        networks = self.engine.networks({"label": [f"{HOST_LABEL}={host}", f"{KEY_LABEL}={key}"]})
+        names = {str(network["Id"]) for network in networks}
+        named = self.engine.networks({"name": session_name(host, key)})
+        names.update(
+            str(network["Id"])
+            for network in named
+            if network.get("Name") == session_name(host, key)
+        )
+        for network in names:
+            self.engine.remove_network(network, key)
+
+    def _remove(self, key: str, found: _Found | None = None) -> None:
+        """Remove a session's containers and network at once (no grace, output kept)."""
+        _in_parallel(
+            [
+                functools.partial(self.engine.remove_container, container["Id"], key)
+                for container in (found or self._find(key)).all
+            ]
+        )
+        self._remove_networks(key)
+
+    def _remove_quietly(self, key: str) -> None:
+        """Roll back after a failure; a failing rollback is logged, never hides the first error."""
+        try:
+            self._remove(key)
+        except (SessionError, RuntimeUnavailable) as error:
+            log.error("%s: rollback failed, leftovers may remain: %s", key, error)
+
+    # --- during a session ------------------------------------------------------------------
+
+    def message(self, key: str, text: str) -> None:
+        """Write `text` on the terminals of the session's logged-in users (`wall`).
+
+        Never fails the caller for a session that is not running or has nobody
+        logged in; only `RuntimeUnavailable` passes through.
+        """
+        found = self._find(key)
+        if found.main is None or _status(found.main) != "running":
+            log.info("%s: not running; message not shown: %s", key, text)
+            return
+        try:
+            code, output = self.engine.execute(_name(found.main), ["wall", "-n", "--", text], key)
+        except EngineRefused as error:
+            log.warning("%s: could not show a message: %s", key, error)
+            return
+        if code != 0:
+            log.warning("%s: wall failed (%d): %s", key, code, output.strip())
+        else:
+            log.info("%s: message shown: %s", key, text)
+
+    def extend(self, key: str, end: datetime) -> None:
+        """Record that session `key` now ends at `end`, and show it in the session.
+
+        `list_sessions()` returns the new end from then on; the login banner
+        and motd show it (written in the running container). A session that
+        does not exist is left alone.
+        """
+        found = self._find(key)
+        if not found.all:
+            log.info("%s: no session to extend", key)
+            return
+        self._record_end(key, end)
+        if found.main is not None and _status(found.main) == "running":
+            self._set_end(key, _name(found.main), end)
+        log.info("%s: now ends at %s", key, utc_text(end))
+
+    # --- for the admin commands ------------------------------------------------------------
+
+    def new_spec(
+        self,
+        user: str,
+        template: str,
+        end: datetime,
+        *,
+        cuda: str | None = None,
+        gpus: Sequence[int] | int = 0,
+        start: datetime | None = None,
+        key: str | None = None,
+        email: str | None = None,
+    ) -> SessionSpec:
+        """A spec for an ad-hoc session, with GPUs and ports free right now.
+
+        `gpus` is a count (the lowest free indices) or explicit indices. Raises
+        `SessionError` for a bad login, template or GPU choice, and
+        `AllocationError` when no GPUs or ports are left.
+        """
+        start = start or datetime.now(UTC)
+        if end <= start:
+            raise SessionError(f"the end {utc_text(end)} is not after the start {utc_text(start)}")
+        key = key or f"adhoc-{secrets.token_hex(4)}"
+        try:
+            check_login(user)
+        except AccessError as error:
+            raise SessionError(str(error)) from None
+        _, variant = resolve_template(self.config.templates, template, cuda)
+        sessions = self.list_sessions()
+        holdings = [
+            Holding(session.key, session.gpus, _ports(session), session.start, session.end)
+            for session in sessions
+        ]
+        available = self.host_gpus()
+        if isinstance(gpus, int):
+            chosen = allocate_gpus(available, gpus, start, end, holdings) if gpus else ()
+            if chosen is None:
+                raise SessionError(
+                    f"{gpus} GPU(s) asked, but host {self.host.name} has only "
+                    f"{len(available)} and sessions use some of them"
+                )
+        else:
+            chosen = tuple(gpus)
+            unknown = sorted(set(chosen) - set(available))
+            if unknown:
+                raise SessionError(
+                    f"host {self.host.name} has no GPU {', '.join(map(str, unknown))} "
+                    f"(it has {', '.join(map(str, available)) or 'none'})"
+                )
+            busy = {
+                index
+                for holding in holdings
+                if holding.start < end and start < holding.end
+                for index in holding.gpus
+            }
+            if busy.intersection(chosen):
+                raise SessionError(
+                    f"GPU(s) {sorted(busy.intersection(chosen))} are in use by another session"
+                )
+        ports = allocate_ports(self.host, [_ports(session) for session in sessions])
+        return SessionSpec(
+            key=key,
+            user=user,
+            host=self.host.name,
+            template=template,
+            cuda=variant.name,
+            gpus=chosen,
+            start=start,
+            end=end,
+            ssh_port=ports.ssh,
+            ftp_port=ports.ftp,
+            ftp_passive_first=ports.passive_first,
+            ftp_passive_last=ports.passive_last,
+            email=email,
+        )
+
+
+def _in_parallel(calls: Sequence[Callable[[], object]]) -> None:
+    """Run `calls` at once and wait for all; the first failure is raised after."""
+    if len(calls) <= 1:
+        for call in calls:
+            call()
+        return
+    with ThreadPoolExecutor(max_workers=len(calls)) as pool:
+        futures = [pool.submit(call) for call in calls]
+    errors = [future.exception() for future in futures]
+    for error in errors:
+        if error is not None:
+            raise error
+
+
+def _ports(session: Session) -> Ports:
+    return Ports(
+        session.ssh_port, session.ftp_port, session.ftp_passive_first, session.ftp_passive_last
+    )
+
+
+def _expand(paths: Sequence[Path], key: str) -> list[Path]:
+    """Config paths with glob patterns expanded; a plain path that is missing is refused."""
+    expanded: list[Path] = []
+    for path in paths:
+        text = str(path)
+        if re.search(r"[*?\[]", text):
+            matches = sorted(Path("/").glob(text.lstrip("/")))
+            if not matches:
+                log.warning("hosts.%s: %s matches no file", key, text)
+            expanded.extend(matches)
+        elif path.exists():
+            expanded.append(path)
+        else:
+            raise SessionError(f"hosts.{key}: {path} does not exist on this host")
+    return expanded
+
+
+def ssh_handshake(address: str, port: int, timeout: float) -> bool:
+    """True when an SSH server at address:port sends its banner and completes a key exchange."""
+    try:
+        with socket.create_connection((address, port), timeout=timeout) as probe:
+            probe.settimeout(timeout)
+            if not probe.recv(64).startswith(b"SSH-2.0-"):
+                return False
+    except OSError:
+        return False
+    transport: paramiko.Transport | None = None
+    try:
+        connection = socket.create_connection((address, port), timeout=timeout)
+        transport = paramiko.Transport(connection)
+        transport.banner_timeout = timeout
+        transport.start_client(timeout=timeout)
+        return transport.is_active() and transport.get_remote_server_key() is not None
+    except (OSError, EOFError, paramiko.SSHException):
+        return False
+    finally:
+        if transport is not None:
+            transport.close()
+
+
+def ftp_greeting(address: str, port: int, timeout: float) -> bool:
+    """True when an FTP server at address:port sends its 220 greeting."""
+    try:
+        with socket.create_connection((address, port), timeout=timeout) as probe:
+            probe.settimeout(timeout)
+            greeting = b""
+            while b"\n" not in greeting and len(greeting) < 1024:
+                chunk = probe.recv(1024)
+                if not chunk:
+                    break
+                greeting += chunk
+            ready = greeting.startswith(b"220")
+            if ready:
+                probe.sendall(b"QUIT\r\n")
+            return ready
+    except OSError:
+        return False

@@ -1,0 +1,103 @@
+#!/bin/sh
+# Start-up of a gpuresa session container (docker-init runs it as PID 1's child).
+# Given by gpuresa in the environment: GPURESA_USER, GPURESA_UID, the
+# authorized keys, the end time; arguments: the template's command, if any.
+# Makes the login (once: a restarted container keeps it), its keys and sudo
+# rule, fresh host keys, the banner, then runs sshd in the foreground.
+set -eu
+
+fail() {
+    echo "gpuresa entrypoint: $*" >&2
+    exit 1
+}
+
+login="${GPURESA_USER:?GPURESA_USER is not set}"
+uid="${GPURESA_UID:?GPURESA_UID is not set}"
+echo "$login" | grep -Eqx '[a-z_][a-z0-9_-]{0,31}' || fail "not a valid login: $login"
+echo "$uid" | grep -Eqx '[1-9][0-9]{0,4}' || fail "not a valid uid: $uid"
+
+# --- the account, its sudo rule and its keys -----------------------------------
+existing_uid=$(getent passwd "$login" | cut -d: -f3 || true)
+if [ -z "$existing_uid" ]; then
+    if ! getent group "$login" >/dev/null; then
+        groupadd --non-unique --gid "$uid" "$login"
+    fi
+    useradd --non-unique --uid "$uid" --gid "$login" --create-home --shell /bin/bash "$login"
+    # unlocked with no password: sshd refuses locked accounts, passwords are never accepted
+    usermod --password '*' "$login"
+elif [ "$existing_uid" != "$uid" ]; then
+    # the image already has this login (a system account): never take it over
+    fail "the image already has a login $login (uid $existing_uid)"
+fi
+home=$(getent passwd "$login" | cut -d: -f6)
+
+printf '%s ALL=(ALL:ALL) NOPASSWD: ALL\nDefaults:%s secure_path="%s"\n' \
+    "$login" "$login" "$PATH" >/etc/sudoers.d/gpuresa
+chmod 0440 /etc/sudoers.d/gpuresa
+
+printf '%s\n' "${GPURESA_AUTHORIZED_KEYS:?GPURESA_AUTHORIZED_KEYS is not set}" \
+    >"/etc/ssh/authorized_keys/$login"
+chmod 0644 "/etc/ssh/authorized_keys/$login"
+
+# --- host keys: made here, so every session has its own (no slow RSA) ------------
+for type in ed25519 ecdsa; do
+    key="/etc/ssh/ssh_host_${type}_key"
+    [ -s "$key" ] || ssh-keygen -q -t "$type" -N '' -C "gpuresa-${GPURESA_SESSION:-session}" -f "$key"
+done
+
+# --- the environment of login sessions: the image's, plus the GPUs' ---------------
+# (sshd starts sessions with a clean environment; PAM reads /etc/environment,
+# login shells /etc/profile.d)
+if [ -d /usr/local/nvidia/lib64 ]; then
+    LD_LIBRARY_PATH="/usr/local/nvidia/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export LD_LIBRARY_PATH
+fi
+if [ -d /usr/local/nvidia/bin ]; then
+    PATH="/usr/local/nvidia/bin:$PATH"
+    export PATH
+fi
+environment_file=/etc/environment
+profile_file=/etc/profile.d/gpuresa.sh
+: >"$environment_file.new"
+: >"$profile_file.new"
+# (awk lists the names exactly; parsing `env` would split multi-line values)
+for name in $(awk 'BEGIN { for (name in ENVIRON) print name }' | sort); do
+    case "$name" in
+    '' | [0-9]* | *[!A-Za-z0-9_]* | GPURESA_* | HOSTNAME | HOME | PWD | OLDPWD | SHLVL | TERM | USER | LOGNAME | SHELL | MAIL | _)
+        continue
+        ;;
+    esac
+    eval "value=\${$name}"
+    case "$value" in
+    *'"'* | *"'"* | *'\'* | *'
+'*)
+        # a value pam_env or the shell quoting below cannot carry: left out
+        continue
+        ;;
+    esac
+    printf '%s="%s"\n' "$name" "$value" >>"$environment_file.new"
+    printf "export %s='%s'\n" "$name" "$value" >>"$profile_file.new"
+done
+mv "$environment_file.new" "$environment_file"
+mv "$profile_file.new" "$profile_file"
+
+# --- banner and motd with the end time; utmp so that `wall` reaches logins ---------
+/opt/gpuresa/set-end.sh "${GPURESA_END:?GPURESA_END is not set}" "${GPURESA_END_TEXT:-$GPURESA_END}"
+touch /var/run/utmp
+chgrp utmp /var/run/utmp 2>/dev/null || true
+chmod 0664 /var/run/utmp
+
+# --- the template's command, in the background as the user --------------------------
+if [ "$#" -gt 0 ]; then
+    echo "gpuresa entrypoint: starting the template's command as $login: $*" >&2
+    (
+        cd "$home"
+        exec env -u GPURESA_AUTHORIZED_KEYS HOME="$home" USER="$login" LOGNAME="$login" \
+            setpriv --reuid="$uid" --regid="$uid" --init-groups -- "$@"
+    ) >>/var/log/gpuresa/command.log 2>&1 &
+fi
+
+mkdir -p /run/sshd
+chmod 0755 /run/sshd
+echo "gpuresa entrypoint: session ${GPURESA_SESSION:-?} ready for $login (uid $uid)" >&2
+exec /usr/sbin/sshd -D -e -o "AllowUsers=$login"

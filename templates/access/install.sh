@@ -1,0 +1,43 @@
+#!/bin/sh
+# Build-time half of the access layer: run once on top of a template's image.
+# Installs what the local base image already has and upstream images often
+# lack (sshd, sudo, pkill), removes baked-in host keys and makes sshd and PAM
+# work in a user namespace.
+set -eu
+
+missing=""
+[ -x /usr/sbin/sshd ] || missing="$missing openssh-server"
+command -v sudo >/dev/null 2>&1 || missing="$missing sudo"
+command -v pkill >/dev/null 2>&1 || missing="$missing procps"
+command -v setpriv >/dev/null 2>&1 || missing="$missing util-linux"
+command -v wall >/dev/null 2>&1 || missing="$missing bsdutils"
+if [ -n "$missing" ]; then
+    if command -v apt-get >/dev/null 2>&1; then
+        apt-get update
+        # shellcheck disable=SC2086  # one word per package
+        DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $missing
+        rm -rf /var/lib/apt/lists/*
+    else
+        echo "gpuresa access layer: cannot install$missing: the image has no apt-get" >&2
+        exit 1
+    fi
+fi
+
+# Fresh host keys per session: the entrypoint makes them, none may come from the image.
+rm -f /etc/ssh/ssh_host_*
+mkdir -p /run/sshd /etc/ssh/authorized_keys /etc/gpuresa /var/log/gpuresa
+chmod 0755 /etc/ssh/authorized_keys
+cp /opt/gpuresa/sshd_config /etc/ssh/sshd_config
+rm -rf /etc/ssh/sshd_config.d
+
+if [ -f /etc/pam.d/sshd ]; then
+    # pam_loginuid cannot write the audit uid inside a user namespace: optional.
+    # pam_motd runs the distribution's update-motd scripts: sshd prints our motd instead.
+    sed -i \
+        -e 's/^\(session[[:space:]]\{1,\}\)required\([[:space:]]\{1,\}pam_loginuid\.so\)/\1optional\2/' \
+        -e '/pam_motd\.so/d' \
+        /etc/pam.d/sshd
+fi
+rm -f /etc/motd /etc/update-motd.d/*
+chmod 0755 /opt/gpuresa/entrypoint.sh /opt/gpuresa/set-end.sh
+rm -f /opt/gpuresa/Dockerfile /opt/gpuresa/install.sh

@@ -1,0 +1,775 @@
+"""Sessions on the real Docker engine (userns-remap), built on the local base image.
+
+Each test gets a site of its own in tmp_path (keys, input, output, state) and
+free port ranges on 127.0.0.1; every container and network carries the test
+host's label, so `docker_harness` removes them and prints their logs when a
+test fails. Users log in with paramiko and fetch files with ftplib, as a
+person would with ssh and an FTP client.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import ftplib
+import io
+import json
+import os
+import pwd
+import random
+import shutil
+import socket
+import stat
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import paramiko
+import pytest
+from conftest import BASE_IMAGE, TEST_HOST, DockerHarness
+
+from gpuresa.allocation import AllocationError
+from gpuresa.cli import main
+from gpuresa.config import Config, parse_config
+from gpuresa.model import Session, SessionSpec
+from gpuresa.runtime import Runtime, RuntimeUnavailable, SessionError
+from gpuresa.runtime.engine import Engine, EngineRefused
+from gpuresa.runtime.output import remap_base
+from gpuresa.runtime.payload import session_name
+
+LOGINS = ("alice", "bob")
+
+
+# --- a site of the test's own -----------------------------------------------------------------
+
+
+def port_free(port: int) -> bool:
+    """True when nothing listens on 127.0.0.1:port (connections in TIME_WAIT do not count)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_block(size: int) -> int:
+    """The first of `size` consecutive ports free on 127.0.0.1, somewhere in 40000-60000."""
+    for _ in range(200):
+        first = random.randrange(40000, 60000 - size)
+        if all(port_free(port) for port in range(first, first + size)):
+            return first
+    pytest.fail(f"no {size} consecutive free ports in 40000-60000")
+
+
+@dataclass
+class Site:
+    """One test's gpuresa site: its config, its files and its users' keys."""
+
+    root: Path
+    config: Config
+    client: Any
+
+    @property
+    def inputs(self) -> Path:
+        return self.root / "input"
+
+    def key(self, login: str) -> paramiko.PKey:
+        return paramiko.Ed25519Key.from_private_key_file(str(self.root / "private" / login))
+
+    def runtime(self) -> Runtime:
+        return Runtime(self.config, self.client)
+
+    def spec(self, runtime: Runtime, user: str = "alice", **options: Any) -> SessionSpec:
+        end = options.pop("end", datetime.now(UTC) + timedelta(hours=1))
+        return runtime.new_spec(user, "pytorch", end, **options)
+
+
+def make_site(
+    root: Path,
+    client: Any,
+    *,
+    sessions: int = 4,
+    gpu_mode: str = "none",
+    gpus: list[int] | None = None,
+    **host: Any,
+) -> Site:
+    for folder in ("keys", "private", "input", "output", "state"):
+        (root / folder).mkdir(parents=True, exist_ok=True)
+    (root / "input" / "dataset.csv").write_text("x,y\n1,2\n")
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / "private" / "spare")],
+        check=True,
+    )
+    for login in LOGINS:
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{login}@test",
+             "-f", str(root / "private" / login)],
+            check=True,
+        )  # fmt: skip
+        (root / "private" / f"{login}.pub").rename(root / "keys" / f"{login}.pub")
+    # a second key line, with options, as authorized_keys files often have
+    spare = (root / "private" / "spare.pub").read_text()
+    with (root / "keys" / "alice.pub").open("a") as keys:
+        keys.write(f"# spare key\nno-agent-forwarding,no-X11-forwarding {spare}")
+    passive_per_session = 3
+    first = free_block(sessions * (2 + passive_per_session))
+    ssh_last = first + sessions - 1
+    ftp_last = ssh_last + sessions
+    data = {
+        "daemon": {"host": TEST_HOST, "state_dir": str(root / "state")},
+        "hosts": [
+            {
+                "name": TEST_HOST,
+                "gpus": gpus if gpus is not None else [],
+                "gpu_mode": gpu_mode,
+                "bind_address": "127.0.0.1",
+                "ssh_ports": f"{first}-{ssh_last}",
+                "ftp_ports": f"{ssh_last + 1}-{ftp_last}",
+                "ftp_passive_ports": f"{ftp_last + 1}-{ftp_last + sessions * passive_per_session}",
+                "ftp_passive_per_session": passive_per_session,
+                **host,
+            }
+        ],
+        "templates": {"base_image": BASE_IMAGE},
+        "users": {"keys_dir": str(root / "keys"), "host_authorized_keys": False},
+        "storage": {
+            "output_root": str(root / "output"),
+            "inputs": [{"source": str(root / "input"), "target": "/data"}],
+        },
+        "limits": {"shm_size": "256m", "pids": 512},
+    }
+    return Site(root, parse_config(data, str(root / "config.toml")), client)
+
+
+@pytest.fixture(scope="module")
+def images(docker_client: Any, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Build (or find) the images once for the module, so no test waits for a build."""
+    site = make_site(tmp_path_factory.mktemp("images"), docker_client)
+    site.runtime().ensure_image("pytorch", None)
+    site.runtime().ensure_ftp_image()
+
+
+@pytest.fixture
+def site(tmp_path: Path, docker_harness: DockerHarness, images: None) -> Site:
+    return make_site(tmp_path, docker_harness.client)
+
+
+# --- how users get in -------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def ssh_login(
+    session: Session, login: str, key: paramiko.PKey | None = None, password: str | None = None
+) -> Iterator[paramiko.SSHClient]:
+    client = paramiko.SSHClient()
+    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+    client.connect(
+        "127.0.0.1",
+        session.ssh_port,
+        username=login,
+        pkey=key,
+        password=password,
+        look_for_keys=False,
+        allow_agent=False,
+        timeout=10,
+        banner_timeout=10,
+        auth_timeout=10,
+    )
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def run(client: paramiko.SSHClient, command: str) -> tuple[int, str]:
+    _, stdout, stderr = client.exec_command(command, timeout=20)
+    output = stdout.read().decode() + stderr.read().decode()
+    return stdout.channel.recv_exit_status(), output
+
+
+@contextlib.contextmanager
+def ftp_login(session: Session, user: str, password: str) -> Iterator[ftplib.FTP]:
+    ftp = ftplib.FTP()
+    # use the address the server announces in PASV, as most FTP clients do
+    ftp.trust_server_pasv_ipv4_address = True  # type: ignore[attr-defined]  # not in typeshed
+    ftp.connect("127.0.0.1", session.ftp_port, timeout=10)
+    ftp.login(user, password)
+    ftp.set_pasv(True)
+    try:
+        yield ftp
+    finally:
+        with contextlib.suppress(OSError, ftplib.Error):
+            ftp.quit()
+
+
+def download(ftp: ftplib.FTP, name: str) -> bytes:
+    buffer = io.BytesIO()
+    ftp.retrbinary(f"RETR {name}", buffer.write)
+    return buffer.getvalue()
+
+
+def leftovers(site: Site, key: str) -> list[str]:
+    """Names of the Docker objects still there for session `key`."""
+    labels = {"label": [f"gpuresa.host={TEST_HOST}", f"gpuresa.reservation={key}"]}
+    containers = site.client.containers.list(all=True, filters=labels)
+    networks = site.client.networks.list(filters={"name": session_name(TEST_HOST, key)})
+    return [item.name for item in [*containers, *networks]]
+
+
+# --- one session ------------------------------------------------------------------------------
+
+
+def test_a_session_gives_ssh_with_sudo_inputs_and_ftp(site: Site) -> None:
+    runtime = site.runtime()
+    spec = site.spec(runtime)
+    session = runtime.start(spec)
+    assert session.state == "running"
+    assert (session.ssh_port, session.ftp_port) == (spec.ssh_port, spec.ftp_port)
+
+    with ssh_login(session, "alice", site.key("alice")) as client:
+        code, output = run(client, "id -un; sudo -n id -u; sudo -n id -un")
+        assert (code, output.split()) == (0, ["alice", "0", "root"])
+        # the input is there and read-only, even for root
+        assert run(client, "cat /data/dataset.csv") == (0, "x,y\n1,2\n")
+        code, output = run(client, "sudo -n touch /data/new 2>&1")
+        assert code != 0 and "Read-only file system" in output
+        assert run(client, "echo from-ssh > /output/from-ssh.txt")[0] == 0
+        # the session names its GPUs (none here) for CUDA and the NVIDIA runtime
+        assert run(client, "echo $NVIDIA_VISIBLE_DEVICES")[1].strip() == "void"
+        # both keys arrived; no key line leaked into the login environment
+        assert run(client, "wc -l < /etc/ssh/authorized_keys/alice")[1].strip() == "2"
+        environment = run(client, "cat /etc/environment")[1]
+        assert "NVIDIA_VISIBLE_DEVICES=" in environment and "ssh-ed25519" not in environment
+        assert "GPURESA_" not in environment
+
+    with ftp_login(session, session.ftp_user, session.ftp_password) as ftp:
+        assert download(ftp, "from-ssh.txt") == b"from-ssh\n"
+        ftp.storbinary("STOR from-ftp.txt", io.BytesIO(b"from-ftp\n"))
+        # chrooted: the output folder is all there is
+        ftp.cwd("/..")
+        assert ftp.pwd() == "/"
+        assert sorted(ftp.nlst()) == ["from-ftp.txt", "from-ssh.txt"]
+
+    with ssh_login(session, "alice", site.key("alice")) as client:
+        assert run(client, "cat /output/from-ftp.txt") == (0, "from-ftp\n")
+        code, owners = run(client, "stat -c %U /output/from-ftp.txt /output/from-ssh.txt")
+        assert owners.split() == ["alice", "alice"]
+
+    # on the host, the output belongs to the container user's remapped uid
+    remapped, _ = remap_base(site.client.info())
+    uid = int(site.client.containers.get(session.containers[0]).labels["gpuresa.uid"])
+    assert remapped > 0, "the engine must run with userns-remap"
+    for name in ("from-ssh.txt", "from-ftp.txt"):
+        assert (session.output_dir / name).stat().st_uid == remapped + uid
+    assert session.output_dir.is_relative_to(site.root / "output" / "alice")
+
+
+def test_the_containers_are_confined(site: Site) -> None:
+    runtime = site.runtime()
+    session = runtime.start(site.spec(runtime))
+    main_container = site.client.containers.get(session.containers[0])
+    settings = main_container.attrs["HostConfig"]
+    assert settings["Privileged"] is False
+    assert settings["CapDrop"] == ["ALL"]
+    assert settings["ShmSize"] == 256 * 1024**2
+    assert settings["PidsLimit"] == 512
+    mounts = {mount["Destination"]: mount for mount in main_container.attrs["Mounts"]}
+    assert set(mounts) == {"/data", "/output"}
+    assert mounts["/data"]["RW"] is False and mounts["/output"]["RW"] is True
+    with ssh_login(session, "alice", site.key("alice")) as client:
+        # root through sudo keeps only the capabilities sshd and sudo need
+        code, output = run(client, "sudo -n grep CapEff /proc/self/status")
+        effective = int(output.split()[1], 16)
+        # CHOWN 0, DAC_OVERRIDE 1, FOWNER 3, KILL 5, SETGID 6, SETUID 7, SYS_CHROOT 18
+        assert code == 0 and effective == 0x400EB
+        # and cannot make device nodes or mount things
+        assert run(client, "sudo -n mknod /tmp/node c 1 3")[0] != 0
+        assert run(client, "sudo -n mount -t tmpfs none /mnt")[0] != 0
+        # no Docker socket anywhere
+        assert run(client, "ls /var/run/docker.sock /run/docker.sock")[0] != 0
+        # host keys are the session's own, made at start: ed25519 and ECDSA only
+        assert run(client, "ls /etc/ssh/ | grep -c '^ssh_host_.*_key$'")[1].strip() == "2"
+
+
+# --- two sessions -----------------------------------------------------------------------------
+
+
+def test_two_sessions_are_kept_apart(site: Site) -> None:
+    runtime = site.runtime()
+    first = runtime.start(site.spec(runtime, "alice"))
+    second = runtime.start(site.spec(runtime, "bob"))
+    ports_first, ports_second = (
+        {session.ssh_port, session.ftp_port}
+        | set(range(session.ftp_passive_first, session.ftp_passive_last + 1))
+        for session in (first, second)
+    )
+    assert not ports_first & ports_second
+    assert first.output_dir != second.output_dir
+
+    with ssh_login(first, "alice", site.key("alice")) as client:
+        run(client, "echo alice > /output/alice.txt")
+    with ssh_login(second, "bob", site.key("bob")) as client:
+        run(client, "echo bob > /output/bob.txt")
+        # bob's session shows bob's output only
+        assert run(client, "ls /output")[1].split() == ["bob.txt"]
+        assert run(client, f"sudo -n ls {first.output_dir} 2>&1")[0] != 0
+
+    # a key only opens its own login's session
+    for session, login, key in (
+        (second, "bob", site.key("alice")),
+        (second, "alice", site.key("alice")),
+        (first, "alice", site.key("bob")),
+        (first, "bob", site.key("bob")),
+    ):
+        with pytest.raises(paramiko.AuthenticationException), ssh_login(session, login, key):
+            pass
+    # no password works over SSH, not even the session's FTP password
+    with (
+        pytest.raises(paramiko.AuthenticationException),
+        ssh_login(first, "alice", password=first.ftp_password),
+    ):
+        pass
+    # a session's FTP password opens that session's output only
+    assert first.ftp_password != second.ftp_password
+    with pytest.raises(ftplib.error_perm), ftp_login(second, second.ftp_user, first.ftp_password):
+        pass
+    with pytest.raises(ftplib.error_perm), ftp_login(first, second.ftp_user, second.ftp_password):
+        pass
+    with ftp_login(first, first.ftp_user, first.ftp_password) as ftp:
+        assert ftp.nlst() == ["alice.txt"]
+
+
+# --- stop, adopt, idempotence -----------------------------------------------------------------
+
+
+def test_stop_removes_everything_but_the_output(site: Site) -> None:
+    runtime = site.runtime()
+    session = runtime.start(site.spec(runtime))
+    with ssh_login(session, "alice", site.key("alice")) as client:
+        run(client, "echo result > /output/result.txt")
+    started = time.monotonic()
+    runtime.stop(session.key, timedelta(seconds=5))
+    assert time.monotonic() - started < 5
+    assert leftovers(site, session.key) == []
+    assert runtime.list_sessions() == []
+    for port in (session.ssh_port, session.ftp_port, session.ftp_passive_first):
+        assert port_free(port), f"port {port} is still bound"
+    assert (session.output_dir / "result.txt").read_text() == "result\n"
+    # stopping again, or a session that never was, is fine
+    runtime.stop(session.key, timedelta(seconds=5))
+    runtime.stop("no-such-session", timedelta(0))
+    # and the freed ports go to the next session
+    assert site.spec(runtime).ssh_port == session.ssh_port
+
+
+@pytest.fixture
+def host_login() -> Iterator[str]:
+    """A throw-away account on this host (removed afterwards), as a real user would have."""
+    login = f"gtest{uuid.uuid4().hex[:6]}"
+    subprocess.run(
+        ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", login], check=True
+    )
+    try:
+        yield login
+    finally:
+        subprocess.run(["userdel", login], check=False)
+
+
+def test_stop_hands_the_output_to_the_users_host_account(
+    tmp_path: Path, docker_harness: DockerHarness, images: None, host_login: str
+) -> None:
+    site = make_site(tmp_path, docker_harness.client)
+    site = Site(
+        site.root,
+        dataclasses.replace(
+            site.config,
+            storage=dataclasses.replace(site.config.storage, hand_output_to_user=True),
+        ),
+        site.client,
+    )
+    (site.root / "keys" / "alice.pub").rename(site.root / "keys" / f"{host_login}.pub")
+    (site.root / "private" / "alice").rename(site.root / "private" / host_login)
+    account = pwd.getpwnam(host_login)
+    runtime = site.runtime()
+    session = runtime.start(site.spec(runtime, host_login))
+    with ssh_login(session, host_login, site.key(host_login)) as client:
+        # the login has the same uid inside as on the host
+        assert run(client, "id -u")[1].strip() == str(account.pw_uid)
+        run(client, "mkdir /output/run1 && echo done > /output/run1/log.txt")
+    remapped, _ = remap_base(site.client.info())
+    assert (session.output_dir / "run1" / "log.txt").stat().st_uid == remapped + account.pw_uid
+    runtime.stop(session.key, timedelta(seconds=2))
+    for path in (
+        session.output_dir,
+        session.output_dir / "run1",
+        session.output_dir / "run1" / "log.txt",
+    ):
+        assert (path.stat().st_uid, path.stat().st_gid) == (account.pw_uid, account.pw_gid)
+
+
+def test_stop_gives_the_users_processes_their_grace(site: Site) -> None:
+    runtime = site.runtime()
+    session = runtime.start(site.spec(runtime))
+    with ssh_login(session, "alice", site.key("alice")) as client:
+        # a training job that saves its state when asked to stop
+        client.exec_command(
+            'nohup sh -c \'trap "sleep 1; echo saved > /output/checkpoint; exit 0" TERM; '
+            "while true; do sleep 0.1; done' >/dev/null 2>&1 &"
+        )
+        time.sleep(0.5)
+    runtime.stop(session.key, timedelta(seconds=10))
+    assert (session.output_dir / "checkpoint").read_text() == "saved\n"
+    assert leftovers(site, session.key) == []
+
+
+def test_a_new_runtime_adopts_sessions_and_start_is_idempotent(site: Site) -> None:
+    runtime = site.runtime()
+    spec = site.spec(runtime)
+    prepared = runtime.prepare(spec)
+    assert prepared.state == "created"
+    assert runtime.prepare(spec) == prepared
+    # a prepared session starts quickly: the daemon wants SSH within 2 s of the start time
+    started = time.monotonic()
+    running = runtime.start(spec)
+    assert time.monotonic() - started < 2.0
+    # a restarted daemon sees the same session, password included
+    adopted = Runtime(site.config, site.client).list_sessions()
+    assert len(adopted) == 1
+    assert adopted[0] == running
+    assert adopted[0].ftp_password == running.ftp_password and running.ftp_password
+    # starting it again returns it and makes nothing new
+    again = Runtime(site.config, site.client).start(spec)
+    assert again.containers == running.containers
+    assert sorted(leftovers(site, spec.key)) == sorted(
+        [*running.containers, session_name(TEST_HOST, spec.key)]
+    )
+    with ssh_login(again, "alice", site.key("alice")) as client:
+        assert run(client, "true")[0] == 0
+
+
+def test_a_stopped_session_is_listed_as_stopped_and_started_afresh(site: Site) -> None:
+    runtime = site.runtime()
+    spec = site.spec(runtime)
+    session = runtime.start(spec)
+    site.client.containers.get(session.containers[0]).kill()
+    (listed,) = runtime.list_sessions()
+    assert listed.state == "stopped"
+    restarted = runtime.start(spec)
+    assert restarted.state == "running"
+    with ssh_login(restarted, "alice", site.key("alice")) as client:
+        assert run(client, "true")[0] == 0
+
+
+# --- refused requests -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"template": "caffe"}, "template 'caffe' is not allowed"),
+        ({"template": "../pytorch"}, "not a template name"),
+        ({"cuda": "7.5"}, "no CUDA variant '7.5'"),
+        ({"user": "alice/../root"}, "not a valid login"),
+        ({"user": "root"}, "system account"),
+        ({"user": "carol"}, "no SSH public key for login 'carol'"),
+        ({"gpus": (7,)}, "has no GPU 7"),
+        ({"host": "elsewhere"}, "is for host 'elsewhere'"),
+        ({"ssh_port": 22}, "SSH port 22 is outside"),
+    ],
+)
+def test_a_bad_request_fails_clearly_and_leaves_nothing(
+    site: Site, change: dict[str, Any], reason: str
+) -> None:
+    runtime = site.runtime()
+    spec = dataclasses.replace(site.spec(runtime), **change)
+    with pytest.raises(SessionError, match=reason.replace("(", r"\(").replace(".", r"\.")):
+        runtime.start(spec)
+    assert leftovers(site, spec.key) == []
+    assert list((site.root / "output").iterdir()) == []
+    assert runtime.list_sessions() == []
+
+
+def test_gpus_the_host_does_not_have_are_refused_when_asked_for(
+    tmp_path: Path, docker_harness: DockerHarness, images: None
+) -> None:
+    site = make_site(tmp_path, docker_harness.client, gpu_mode="nvidia", gpus=[0, 1])
+    runtime = site.runtime()
+    with pytest.raises(SessionError, match="has no GPU 2"):
+        site.spec(runtime, gpus=(1, 2))
+    with pytest.raises(SessionError, match="3 GPU"):
+        site.spec(runtime, gpus=3)
+    assert site.spec(runtime, gpus=2).gpus == (0, 1)
+
+
+def test_an_exhausted_port_range_is_refused(
+    tmp_path: Path, docker_harness: DockerHarness, images: None
+) -> None:
+    site = make_site(tmp_path, docker_harness.client, sessions=1)
+    runtime = site.runtime()
+    runtime.start(site.spec(runtime, "alice"))
+    with pytest.raises(AllocationError, match="every SSH port"):
+        site.spec(runtime, "bob")
+    assert len(runtime.list_sessions()) == 1
+
+
+def test_a_sidecar_that_cannot_start_rolls_the_session_back(site: Site) -> None:
+    runtime = site.runtime()
+    spec = site.spec(runtime)
+    with socket.socket() as squatter:
+        # something else holds one of the session's passive FTP ports
+        squatter.bind(("127.0.0.1", spec.ftp_passive_last))
+        squatter.listen()
+        with pytest.raises(SessionError, match="did not start") as caught:
+            runtime.start(spec)
+    assert str(spec.ftp_passive_last) in str(caught.value)
+    assert leftovers(site, spec.key) == []
+    for port in (spec.ssh_port, spec.ftp_port):
+        assert port_free(port)
+    # the output folder is kept for a later try
+    assert list((site.root / "output" / "alice").iterdir())
+
+
+# --- moving the end, messages -----------------------------------------------------------------
+
+
+def test_extend_moves_the_end_in_the_listing_and_the_banner(site: Site) -> None:
+    runtime = site.runtime()
+    session = runtime.start(site.spec(runtime))
+    later = (session.end + timedelta(hours=2)).replace(microsecond=0)
+    runtime.extend(session.key, later)
+    (listed,) = Runtime(site.config, site.client).list_sessions()
+    assert listed.end == later
+    with ssh_login(session, "alice", site.key("alice")) as client:
+        banner = client.get_transport().get_banner()  # type: ignore[union-attr]
+        assert banner is not None and f"{later:%Y-%m-%d %H:%M}".encode() in banner
+        assert run(client, "cat /etc/gpuresa/end")[1].strip() == f"{later:%Y-%m-%dT%H:%M:%SZ}"
+        assert f"{later:%Y-%m-%d %H:%M}" in run(client, "cat /etc/motd")[1]
+    runtime.stop(session.key, timedelta(0))
+    # the record goes with the session
+    assert list((site.root / "state" / "sessions").iterdir()) == []
+
+
+def test_an_end_moved_before_the_start_shows_from_the_first_login(site: Site) -> None:
+    runtime = site.runtime()
+    spec = site.spec(runtime)
+    runtime.prepare(spec)
+    earlier = (spec.end - timedelta(minutes=30)).replace(microsecond=0)
+    runtime.extend(spec.key, earlier)
+    session = runtime.start(spec)
+    assert session.end == earlier
+    with ssh_login(session, "alice", site.key("alice")) as client:
+        assert run(client, "cat /etc/gpuresa/end")[1].strip() == f"{earlier:%Y-%m-%dT%H:%M:%SZ}"
+
+
+def test_a_message_reaches_the_logged_in_user_and_never_fails(site: Site) -> None:
+    runtime = site.runtime()
+    session = runtime.start(site.spec(runtime))
+    # nobody logged in yet, a session that does not exist: no error
+    runtime.message(session.key, "nobody reads this")
+    runtime.message("no-such-session", "nor this")
+    with ssh_login(session, "alice", site.key("alice")) as client:
+        channel = client.invoke_shell()
+        channel.settimeout(10)
+        time.sleep(1.0)
+        runtime.message(session.key, "-- your session ends in 5 minutes: save your work --")
+        received = b""
+        deadline = time.monotonic() + 10
+        while b"ends in 5 minutes" not in received and time.monotonic() < deadline:
+            with contextlib.suppress(TimeoutError, socket.timeout):
+                received += channel.recv(4096)
+        assert b"your session ends in 5 minutes" in received
+
+
+# --- GPUs without a toolkit: the devices mode, with stand-in nodes ----------------------------
+
+
+@pytest.fixture
+def stand_in_gpus() -> Iterator[list[str]]:
+    """Character devices at NVIDIA's paths (copies of /dev/null), made only where none exists."""
+    made = []
+    for name in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm"):
+        path = Path("/dev") / name
+        if path.exists():
+            continue
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        os.chmod(path, 0o666)
+        made.append(str(path))
+    try:
+        yield made
+    finally:
+        for path_text in made:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path_text)
+
+
+def test_devices_mode_passes_the_booked_gpu_only(
+    tmp_path: Path, docker_harness: DockerHarness, images: None, stand_in_gpus: list[str]
+) -> None:
+    drivers = tmp_path / "driver"
+    drivers.mkdir()
+    (drivers / "libnvidia-stand-in.so.1").write_text("not really a library\n")
+    smi = drivers / "nvidia-smi"
+    smi.write_text('#!/bin/sh\necho "stand-in GPU $CUDA_VISIBLE_DEVICES"\n')
+    smi.chmod(0o755)
+    site = make_site(
+        tmp_path / "site",
+        docker_harness.client,
+        gpu_mode="devices",
+        gpus=[0, 1],
+        driver_libraries=[str(drivers / "libnvidia-*.so.1")],
+        driver_binaries=[str(smi)],
+    )
+    runtime = site.runtime()
+    session = runtime.start(site.spec(runtime, gpus=(1,)))
+    assert session.gpus == (1,)
+    with ssh_login(session, "alice", site.key("alice")) as client:
+        checks = (
+            "test -c /dev/nvidia1 && test -c /dev/nvidiactl && test -c /dev/nvidia-uvm"
+            " && ! test -e /dev/nvidia0 && echo devices-ok"
+        )
+        assert run(client, checks)[1].strip() == "devices-ok"
+        assert run(client, "echo x > /dev/nvidia1 && echo writable")[1].strip() == "writable"
+        assert run(client, "echo $NVIDIA_VISIBLE_DEVICES $CUDA_VISIBLE_DEVICES")[1].split() == [
+            "1",
+            "1",
+        ]
+        library = "/usr/local/nvidia/lib64/libnvidia-stand-in.so.1"
+        assert run(client, f"cat {library}")[1] == "not really a library\n"
+        assert run(client, f"sudo -n sh -c 'echo x >> {library}'")[0] != 0
+        assert run(client, "nvidia-smi")[1].strip() == "stand-in GPU 1"
+    runtime.stop(session.key, timedelta(0))
+
+
+# --- the commands, and an engine that is away -------------------------------------------------
+
+
+def test_session_commands_start_list_and_stop(
+    site: Site, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = site.root / "config.toml"
+    config.write_text(_toml(site))
+    code = main(
+        ["session", "start", "--config", str(config), "--user", "alice", "--template", "pytorch",
+         "--until", "30m", "--key", "adhoc-cli"]
+    )  # fmt: skip
+    output = capsys.readouterr().out
+    assert code == 0, output
+    assert "session adhoc-cli (running) for alice" in output
+    (session,) = site.runtime().list_sessions()
+    assert f"ssh -p {session.ssh_port} alice@127.0.0.1" in output
+    assert session.ftp_password in output
+    assert main(["session", "list", "--config", str(config), "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [item["key"] for item in listed] == ["adhoc-cli"]
+    assert "ftp_password" not in listed[0]
+    assert main(["session", "list", "--config", str(config)]) == 0
+    assert "adhoc-cli  alice  running" in capsys.readouterr().out
+    assert main(["session", "stop", "--config", str(config), "adhoc-cli", "--grace", "1s"]) == 0
+    assert "stopped; output kept" in capsys.readouterr().out
+    assert main(["session", "stop", "--config", str(config), "adhoc-cli"]) == 0
+    assert "nothing to stop" in capsys.readouterr().out
+    code = main(
+        ["session", "start", "--config", str(config), "--user", "Alice", "--template", "pytorch"]
+    )
+    error = capsys.readouterr().err
+    assert code == 1 and "not a valid login" in error and "Traceback" not in error
+
+
+def _toml(site: Site) -> str:
+    host = site.config.host()
+    return f"""
+[daemon]
+host = "{TEST_HOST}"
+state_dir = "{site.root / "state"}"
+[[hosts]]
+name = "{TEST_HOST}"
+gpus = []
+gpu_mode = "none"
+bind_address = "127.0.0.1"
+ssh_ports = "{host.ssh_ports}"
+ftp_ports = "{host.ftp_ports}"
+ftp_passive_ports = "{host.ftp_passive_ports}"
+ftp_passive_per_session = {host.ftp_passive_per_session}
+[templates]
+base_image = "{BASE_IMAGE}"
+[users]
+keys_dir = "{site.root / "keys"}"
+host_authorized_keys = false
+[storage]
+output_root = "{site.root / "output"}"
+[limits]
+shm_size = "256m"
+"""
+
+
+def test_the_gateway_treats_gone_as_removed_and_names_refusals(docker_client: Any) -> None:
+    engine = Engine(docker_client)
+    engine.remove_container(f"gpuresa-{TEST_HOST}-never-was")
+    engine.remove_network(f"gpuresa-{TEST_HOST}-never-was")
+    engine.stop_container(f"gpuresa-{TEST_HOST}-never-was", 1)
+    assert engine.inspect(f"gpuresa-{TEST_HOST}-never-was") is None
+    assert engine.image_id("gpuresa-test/never-was:1") is None
+    with pytest.raises(EngineRefused, match="create container") as caught:
+        engine.create_container(
+            f"gpuresa-{TEST_HOST}-bad",
+            {"Image": "gpuresa-test/never-was:1", "Labels": {"gpuresa.host": TEST_HOST}},
+            "key",
+        )
+    assert caught.value.status == 404
+    assert isinstance(caught.value, SessionError)
+
+
+@pytest.mark.parametrize(
+    ("mode", "gpus", "nvidia_smi", "expected"),
+    [
+        ("nvidia", [0, 2], None, (0, 2)),
+        ("nvidia", "auto", "printf '0\\n1\\n3\\n'", (0, 1, 3)),
+        ("nvidia", "auto", "exit 9", ()),  # nvidia-smi fails: no GPUs handed out
+        ("nvidia", "auto", None, ()),  # no nvidia-smi at all
+        ("none", [0, 1], None, ()),
+    ],
+)
+def test_host_gpus_come_from_the_config_or_nvidia_smi(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    mode: str,
+    gpus: Any,
+    nvidia_smi: str | None,
+    expected: tuple[int, ...],
+) -> None:
+    if nvidia_smi is not None:
+        (tmp_path / "nvidia-smi").write_text(f"#!/bin/sh\n{nvidia_smi}\n")
+        (tmp_path / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    config = parse_config(
+        {
+            "daemon": {"host": TEST_HOST},
+            "hosts": [{"name": TEST_HOST, "gpu_mode": mode, "gpus": gpus}],
+        },
+        "test.toml",
+    )
+    if nvidia_smi is None and gpus == "auto":
+        assert shutil.which("nvidia-smi") is None
+    assert Runtime(config).host_gpus() == expected
+
+
+def test_an_engine_that_does_not_answer_is_reported_as_unavailable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path / 'no-engine.sock'}")
+    config = parse_config(
+        {"daemon": {"host": TEST_HOST}, "hosts": [{"name": TEST_HOST, "gpu_mode": "none"}]},
+        "test.toml",
+    )
+    runtime = Runtime(config)  # making it needs no engine
+    with pytest.raises(RuntimeUnavailable):
+        runtime.list_sessions()
+    with pytest.raises(RuntimeUnavailable):
+        runtime.stop("any", timedelta(0))
