@@ -62,7 +62,7 @@ def wait_for_port(port: int, timeout: float, what: str, process: Any = None) -> 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
-    outcome = yield
+    outcome: Any = yield
     report = outcome.get_result()
     setattr(item, f"report_{report.when}", report)
 

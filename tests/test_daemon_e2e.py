@@ -299,9 +299,9 @@ def test_booking_lifecycle_with_extension_kill_and_calendar_outage(
     # the calendar server goes away: the session still runs to its (new) end
     stack.radicale.stop()
     wait_for("the old end to pass", lambda: datetime.now(UTC) > end + timedelta(seconds=3), 60)
-    client = stack.login(port)
-    assert client is not None, "the session stopped at the old end or because of the outage"
-    client.close()
+    late_client = stack.login(port)
+    assert late_client is not None, "the session stopped at the old end or because of the outage"
+    late_client.close()
     assert stack.session("lifecycle-1") is not None
     mail_matching(stack.smtp, "ends")  # the 20 s warning
 

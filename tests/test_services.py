@@ -5,6 +5,7 @@ from __future__ import annotations
 import smtplib
 from datetime import UTC, datetime, timedelta
 from email.message import EmailMessage
+from typing import Any
 
 from conftest import DockerHarness, RadicaleServer, SMTPServer
 
@@ -28,7 +29,7 @@ def test_radicale_refuses_a_wrong_password(radicale: RadicaleServer) -> None:
     from caldav.davclient import DAVClient
     from caldav.lib.error import AuthorizationError
 
-    client = DAVClient(url=radicale.url, username=radicale.username, password="wrong")
+    client: Any = DAVClient(url=radicale.url, username=radicale.username, password="wrong")
     with pytest.raises(AuthorizationError):
         client.principal()
 
