@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -58,6 +59,9 @@ from gpuresa.runtime import Runtime, RuntimeUnavailable
 log = logging.getLogger(__name__)
 
 # A failed start is retried after these delays (then every last one).
+# With no poll or action finished for this long, the daemon counts as stuck.
+STUCK_AFTER = timedelta(minutes=30)
+
 RETRY_DELAYS = (timedelta(seconds=15), timedelta(seconds=60), timedelta(minutes=5))
 
 
@@ -108,6 +112,8 @@ class Daemon:
         self.docker_backoff = timedelta(seconds=1)
         self.inventory: Inventory | None = None
         self.last_poll: datetime | None = None
+        # monotonic time of the last sign of progress (a poll or an action), for the watchdog
+        self.heartbeat = time.monotonic()
         self.reload_requested = threading.Event()
         # set by the signal handlers, so the main loop acts at once rather than at its next beat
         self.wake = threading.Event()
@@ -134,7 +140,7 @@ class Daemon:
                 if self.reload_requested.is_set():
                     self.reload_requested.clear()
                     self.reload()
-                systemd.watchdog()
+                self._feed_watchdog()
         finally:
             systemd.stopping()
             self.shutdown()
@@ -199,8 +205,23 @@ class Daemon:
 
     # --- rounds ------------------------------------------------------------------------
 
+    def _feed_watchdog(self) -> None:
+        """Tell systemd we are alive, unless no round has made progress for too long.
+
+        The limit is generous: a first image build of an upstream template may take
+        many minutes and holds the reconcile lock the whole time.
+        """
+        silent = time.monotonic() - self.heartbeat
+        if silent < STUCK_AFTER.total_seconds():
+            systemd.watchdog()
+        else:
+            log.error(
+                "no poll or action finished for %d s; letting the watchdog restart us", silent
+            )
+
     def poll(self) -> None:
         """Read the calendars (or their last snapshot), journal what changed, reconcile."""
+        self.heartbeat = time.monotonic()
         now = self.clock()
         try:
             report = self.calendars.poll(now)
@@ -209,6 +230,7 @@ class Daemon:
         else:
             self._take_report(report, now)
         self.reconcile("poll")
+        self.heartbeat = time.monotonic()
 
     def _take_report(self, report: CalendarReport, now: datetime) -> None:
         host = self.config.daemon.host
@@ -368,6 +390,7 @@ class Daemon:
 
     def _apply(self, action: Action, session: Session | None, now: datetime) -> None:
         key = action.key
+        self.heartbeat = time.monotonic()
         log.info("%s", action.describe())
         try:
             if isinstance(action, Stop):
