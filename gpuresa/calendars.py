@@ -1,0 +1,112 @@
+"""Every configured calendar, polled: what the daemon calls each round.
+
+`Calendars.poll(now)` polls each source, reads all calendars into
+reservations over the window (`now - window_past` to `now + window_ahead`)
+and says how fresh each calendar is. One calendar failing (server down,
+password refused, file missing) is logged and read from its last good
+snapshot; the others go on. A calendar that never answered and has no
+snapshot contributes nothing and says so in its freshness.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+from gpuresa.config import Config
+from gpuresa.model import ReservationSet
+from gpuresa.reservations import read_reservations
+from gpuresa.sources import CalendarSource, SourceError, open_source
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CalendarFreshness:
+    """How current one calendar's data is."""
+
+    last_success: datetime | None
+    # the reason of the last failed poll; None when the last poll succeeded
+    last_error: str | None
+    # seconds since the last success; None when the calendar was never read
+    stale_seconds: float | None
+
+
+@dataclass(frozen=True)
+class CalendarReport:
+    """One round: what the calendars ask for, and how fresh each calendar is."""
+
+    reservations: ReservationSet
+    freshness: Mapping[str, CalendarFreshness]
+
+
+class Calendars:
+    """The configured calendars and their sources (snapshots loaded at construction)."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        sources: Mapping[str, CalendarSource] | None = None,
+        persist: bool = True,
+    ) -> None:
+        """Open a source per calendar (nothing is fetched yet).
+
+        `sources` replaces the sources made from the config (by calendar name);
+        with `persist` false, snapshots are read but never written.
+        """
+        self.config = config
+        self.sources: dict[str, CalendarSource] = dict(sources or {})
+        for calendar in config.calendars:
+            if calendar.name not in self.sources:
+                self.sources[calendar.name] = open_source(
+                    calendar, config.daemon.state_dir, persist=persist
+                )
+        self.errors: dict[str, str | None] = {name: None for name in self.sources}
+
+    def poll(self, now: datetime) -> CalendarReport:
+        """Poll every calendar, then read them all over the window around `now`.
+
+        Never raises for a calendar's failure: that calendar's last snapshot is
+        used and its freshness carries the reason.
+        """
+        objects: dict[str, Mapping[str, bytes]] = {}
+        for name, source in self.sources.items():
+            try:
+                result = source.poll(now)
+            except SourceError as error:
+                reason = str(error)
+                if self.errors.get(name) != reason:
+                    log.warning("%s; using its last snapshot", reason)
+                self.errors[name] = reason
+                objects[name] = source.snapshot()
+                continue
+            if self.errors.get(name) is not None:
+                log.info("calendar %s: reachable again", name)
+            self.errors[name] = None
+            objects[name] = result.objects
+        return self._report(objects, now)
+
+    def from_snapshots(self, now: datetime) -> CalendarReport:
+        """What the snapshots on disk say, without asking any server (for a start-up)."""
+        return self._report({name: source.snapshot() for name, source in self.sources.items()}, now)
+
+    def _report(self, objects: Mapping[str, Mapping[str, bytes]], now: datetime) -> CalendarReport:
+        window = self.config.reservations
+        found = read_reservations(
+            self.config,
+            {name: list(items.items()) for name, items in objects.items()},
+            now - window.window_past,
+            now + window.window_ahead,
+        )
+        freshness = {}
+        for name, source in self.sources.items():
+            last = source.last_success
+            freshness[name] = CalendarFreshness(
+                last_success=last,
+                last_error=self.errors.get(name),
+                stale_seconds=(now - last).total_seconds() if last is not None else None,
+            )
+        return CalendarReport(found, freshness)

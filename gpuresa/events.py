@@ -1,0 +1,1541 @@
+"""iCalendar text to event occurrences: a small, bounded reader and client-side expansion.
+
+This is the "events" stage of the data flow: calendar objects go in, exact
+occurrences (aware UTC start and end, keyed by UID + RECURRENCE-ID) come out,
+each with the VEVENT that describes it; `gpuresa.reservations` then reads the
+booking out of that VEVENT. Nothing here does I/O or reads the clock.
+
+Why not icalendar and recurring-ical-events in this path: measured on the
+project's machine they take about 6 s to parse and 2 s to expand 10,000
+events, where a daemon that polls every few seconds needs well under one; and
+dateutil's rrule, which both rely on, loops until the year 9999 on a rule that
+never matches (``FREQ=DAILY;BYMONTH=2;BYMONTHDAY=30`` costs 10 s), which a
+calendar anyone can write to must not be able to cause. So this module reads
+the subset of RFC 5545 that bookings use, and expands recurrences with an
+engine whose work is bounded by the window. icalendar still builds time zones
+from VTIMEZONE definitions that no name identifies (Outlook's custom zones) and
+supplies the Windows zone names; the test suite checks this reader against
+icalendar, recurring-ical-events and dateutil as oracles.
+
+What is read, and how:
+
+- Lines are unfolded; a property line is ``NAME;PARAM=value:value``. A line
+  that is not spoils only the VEVENT it is in; a broken structure (BEGIN/END
+  that do not pair, text that is not iCalendar) spoils the whole object.
+- Times: TZID names (IANA, Windows as Outlook writes them, or
+  ``/vendor/Area/City``), else the object's VTIMEZONE of that TZID; UTC;
+  floating times in the calendar's X-WR-TIMEZONE (Google), else the site zone;
+  a calendar with X-WR-TIMEZONE also repeats its UTC series in that zone, as
+  Google means it. All-day events run from 00:00 to 00:00 in the site zone.
+- Recurrence: RRULE (DAILY, WEEKLY, MONTHLY, YEARLY with INTERVAL, COUNT,
+  UNTIL, BYDAY, BYMONTHDAY, BYMONTH, BYSETPOS, BYHOUR, BYMINUTE, BYSECOND,
+  WKST), RDATE (dates, times, periods), EXDATE, and RECURRENCE-ID overrides
+  (moved or cancelled occurrences, RANGE=THISANDFUTURE too). Rules that repeat
+  more often than daily, BYYEARDAY and BYWEEKNO are refused with a reason: no
+  booking app writes them.
+
+What it costs: an object is read once per content (`parse_object` caches),
+and what is computed from an event alone is kept with it, so a later poll of
+an unchanged calendar only expands and checks; an object holding a single
+event far outside the window is passed over with a few string searches
+(`outside_window`); a series costs what its window holds, not its history.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, timedelta, tzinfo
+from typing import NamedTuple
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+# Work limits: what a hostile or broken calendar may cost before it is refused.
+MAX_OCCURRENCES_IN_WINDOW = 1000
+MAX_PERIODS = 100_000
+MAX_RULES = 4
+MAX_DATES_IN_LIST = 1000
+
+_FOLD = re.compile(r"\n[ \t]")
+_DATE = re.compile(r"(\d{4})(\d{2})(\d{2})")
+_DATE_TIME = re.compile(r"(\d{4})(\d{2})(\d{2})T(\d{2})(\d{2})(\d{2})(Z?)")
+_DURATION = re.compile(
+    r"([+-]?)P(?:(\d{1,6})W)?(?:(\d{1,6})D)?(?:T(?:(\d{1,7})H)?(?:(\d{1,9})M)?(?:(\d{1,10})S)?)?"
+)
+_TEXT_ESCAPE = re.compile(r"\\(.)", re.DOTALL)
+_TEXT_UNESCAPED = {"n": "\n", "N": "\n"}
+_WEEKDAYS = {"MO": 0, "TU": 1, "WE": 2, "TH": 3, "FR": 4, "SA": 5, "SU": 6}
+_BY_DAY = re.compile(r"([+-]?)(\d{1,2})?(MO|TU|WE|TH|FR|SA|SU)")
+_NOT_DAILY = ("SECONDLY", "MINUTELY", "HOURLY")
+_FREQUENCIES = ("DAILY", "WEEKLY", "MONTHLY", "YEARLY")
+
+
+class EventError(Exception):
+    """An event (or one of its values) that cannot be read; the message says why."""
+
+
+# --- reading the text ---------------------------------------------------------------
+
+
+class Property(NamedTuple):
+    """One property line: its raw parameters and its raw (still escaped) value."""
+
+    parameters: str
+    value: str
+
+    def parameter(self, name: str) -> str | None:
+        """The value of parameter `name` (upper case), quotes removed; None when absent."""
+        if not self.parameters:
+            return None
+        return _parameters(self.parameters).get(name)
+
+
+class ObjectContext(NamedTuple):
+    """What the events of one calendar object share: its time zone definitions."""
+
+    timezones: dict[str, str]
+    calendar_zone: str | None
+
+
+class Component:
+    """A VEVENT: its properties by upper-case name, in file order.
+
+    `problem` says why the event cannot be read, when a line of it is broken.
+    """
+
+    __slots__ = ("context", "derived", "position", "problem", "properties")
+
+    def __init__(
+        self,
+        context: ObjectContext,
+        position: int,
+        properties: dict[str, list[Property]] | None = None,
+        problem: str | None = None,
+    ) -> None:
+        self.context = context
+        self.position = position
+        self.properties: dict[str, list[Property]] = properties if properties is not None else {}
+        self.problem = problem
+        # what is computed from the event alone (its timing, its rules), kept with it:
+        # a component lives in the parse cache as long as its calendar object is unchanged
+        self.derived: dict[object, object] = {}
+
+    def __repr__(self) -> str:
+        return f"Component(uid={self.uid!r}, position={self.position})"
+
+    def first(self, name: str) -> Property | None:
+        """The first `name` property, or None."""
+        values = self.properties.get(name)
+        return values[0] if values else None
+
+    def all(self, name: str) -> list[Property]:
+        """Every `name` property, in file order (empty when none)."""
+        return self.properties.get(name, [])
+
+    def text(self, name: str) -> str | None:
+        """The first `name` property as unescaped TEXT, or None when absent."""
+        found = self.first(name)
+        return None if found is None else unescape_text(found.value)
+
+    @property
+    def uid(self) -> str | None:
+        """The UID, stripped; None when absent or empty."""
+        found = self.first("UID")
+        if found is None:
+            return None
+        return found.value.strip() or None
+
+
+class ParsedObject(NamedTuple):
+    """One calendar object read: its VEVENTs, or the reason it cannot be read at all."""
+
+    events: tuple[Component, ...]
+    problem: str | None = None
+
+
+def unescape_text(value: str) -> str:
+    r"""A TEXT value with its escapes (\n, \N, \, \; \\) replaced by what they stand for."""
+    if "\\" not in value:
+        return value
+    return _TEXT_ESCAPE.sub(lambda match: _TEXT_UNESCAPED.get(match[1], match[1]), value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parameters(raw: str) -> dict[str, str]:
+    """`A=1;B="x;y"` -> {"A": "1", "B": "x;y"}; names upper case, quotes removed."""
+    result: dict[str, str] = {}
+    for part in _split_outside_quotes(raw, ";"):
+        name, equals, value = part.partition("=")
+        if not equals:
+            continue
+        result.setdefault(name.strip().upper(), value.replace('"', ""))
+    return result
+
+
+def _split_outside_quotes(text: str, separator: str) -> list[str]:
+    if '"' not in text:
+        return text.split(separator)
+    parts: list[str] = []
+    current: list[str] = []
+    quoted = False
+    for character in text:
+        if character == '"':
+            quoted = not quoted
+        if character == separator and not quoted:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(character)
+    parts.append("".join(current))
+    return parts
+
+
+def _split_line(line: str) -> tuple[str, str, str] | None:
+    """`NAME;PARAMS:value` -> (NAME upper case, PARAMS, value); None when not a property."""
+    colon = line.find(":")
+    if colon <= 0:
+        return None
+    quote = line.find('"')
+    if 0 <= quote < colon:
+        # a quoted parameter value may hold ':' (ALTREP="http://..."); find the first outside
+        quoted = False
+        colon = -1
+        for index, character in enumerate(line):
+            if character == '"':
+                quoted = not quoted
+            elif character == ":" and not quoted:
+                colon = index
+                break
+        if colon <= 0:
+            return None
+    head = line[:colon]
+    semicolon = head.find(";")
+    if semicolon < 0:
+        return head.upper(), "", line[colon + 1 :]
+    if semicolon == 0:
+        return None
+    return head[:semicolon].upper(), head[semicolon + 1 :], line[colon + 1 :]
+
+
+def decode(data: str | bytes) -> str:
+    """Calendar bytes as text: UTF-8 (a BOM dropped), undecodable bytes replaced."""
+    if isinstance(data, bytes):
+        data = data.decode("utf-8", errors="replace")
+    return data.removeprefix("\ufeff")
+
+
+# read objects kept by content: about 4 kB each; a changed object's old reading ages out
+PARSE_CACHE_SIZE = 32_768
+
+
+@functools.lru_cache(maxsize=PARSE_CACHE_SIZE)
+def parse_object(data: str | bytes) -> ParsedObject:
+    """Read one calendar object (one or more VCALENDARs) into its VEVENTs.
+
+    Given the object's text, returns its VEVENTs, each marked with the problem
+    that spoils it (if any), or a `ParsedObject` whose `problem` says why the
+    object as a whole cannot be read. Never raises for any input. Results are
+    cached by content: an unchanged object is read once.
+    """
+    text = decode(data)
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    timezones: dict[str, str] = {}
+    lines = _cut_timezones(_FOLD.sub("", text), timezones).split("\n")
+    events: list[Component] = []
+    # what the parser is inside: [] outside, ["VCALENDAR"], ["VCALENDAR", "VEVENT"], ...
+    stack: list[str] = []
+    calendar_zone: str | None = None
+    pending: list[Component] = []
+    timezone_lines: list[str] = []
+    timezone_id: str | None = None
+    context = ObjectContext(timezones, None)
+    event: Component | None = None
+    index = -1
+    count = len(lines)
+    while index + 1 < count:
+        index += 1
+        line = lines[index]
+        if not line:
+            continue  # blank, or where a VTIMEZONE was taken out
+        head, colon, rest = line.partition(":")
+        if colon and head and '"' not in head and ";" not in head:
+            # the common case: NAME:value, no parameters
+            parts: tuple[str, str, str] | None = (head.upper(), "", rest)
+        elif line.isspace():
+            continue
+        else:
+            parts = _split_line(line)
+        if parts is None:
+            if event is not None and len(stack) == 2:
+                # a broken line spoils its event only
+                event.problem = event.problem or f"line {index + 1} is not a 'NAME:value' property"
+            elif not stack:
+                return ParsedObject((), _not_icalendar(index + 1, line))
+            continue
+        name, parameters, value = parts
+        if name == "BEGIN":
+            component = value.strip().upper()
+            if not stack:
+                if component != "VCALENDAR":
+                    return ParsedObject((), f"line {index + 1}: expected BEGIN:VCALENDAR")
+                calendar_zone = None
+            elif len(stack) == 1 and component == "VEVENT":
+                event = Component(context, len(events) + len(pending) + 1)
+                # the usual event (no alarm, no broken line) is read in one tight loop
+                end = _read_plain_event(lines, index, event)
+                if end is not None:
+                    pending.append(event)
+                    event = None
+                    index = end
+                    continue
+            elif len(stack) == 1 and component == "VTIMEZONE":
+                # one _cut_timezones left in place: read line by line
+                timezone_lines = []
+                timezone_id = None
+            stack.append(component)
+            if len(stack) > 1 and stack[1] == "VTIMEZONE":
+                timezone_lines.append(line)
+            if len(stack) > 20:
+                return ParsedObject((), f"line {index + 1}: components nested too deep")
+            continue
+        if name == "END":
+            component = value.strip().upper()
+            if not stack or stack[-1] != component:
+                inside = stack[-1] if stack else "nothing"
+                return ParsedObject(
+                    (), f"line {index + 1}: END:{component[:40]} inside {inside[:40]}"
+                )
+            if len(stack) > 1 and stack[1] == "VTIMEZONE":
+                timezone_lines.append(line)
+            stack.pop()
+            if len(stack) == 1 and component == "VEVENT" and event is not None:
+                pending.append(event)
+                event = None
+            elif len(stack) == 1 and component == "VTIMEZONE" and timezone_id:
+                timezones.setdefault(timezone_id, "\r\n".join(timezone_lines) + "\r\n")
+            elif not stack:
+                # one VCALENDAR done: its events share its X-WR-TIMEZONE
+                finished = ObjectContext(timezones, calendar_zone)
+                for item in pending:
+                    item.context = finished
+                events.extend(pending)
+                pending = []
+            continue
+        if not stack:
+            return ParsedObject((), _not_icalendar(index + 1, line))
+        depth = len(stack)
+        if depth == 2 and event is not None and stack[1] == "VEVENT":
+            properties = event.properties
+            if name in properties:
+                properties[name].append(Property(parameters, value))
+            else:
+                properties[name] = [Property(parameters, value)]
+        elif depth == 1 and name == "X-WR-TIMEZONE":
+            calendar_zone = unescape_text(value).strip() or None
+        elif depth >= 2 and stack[1] == "VTIMEZONE":
+            timezone_lines.append(line)
+            if depth == 2 and name == "TZID":
+                timezone_id = value.strip()
+    if stack:
+        return ParsedObject((), f"the text ends inside {stack[-1][:40]} (cut short?)")
+    if not events and not any(line.strip() for line in lines):
+        return ParsedObject((), "the object is empty")
+    return ParsedObject(tuple(events))
+
+
+def _read_plain_event(lines: list[str], begin: int, event: Component) -> int | None:
+    """The properties of a VEVENT without subcomponents or broken lines, in one pass.
+
+    Given the lines and the index of BEGIN:VEVENT, fills `event` and returns
+    the index of its END:VEVENT; returns None (leaving `event` alone) when the
+    event holds anything else, for the line-by-line reader to handle.
+    """
+    try:
+        end = lines.index("END:VEVENT", begin)
+    except ValueError:
+        return None
+    properties: dict[str, list[Property]] = {}
+    make = tuple.__new__  # a Property without the Python-level __new__: this loop is hot
+    for line in lines[begin + 1 : end]:
+        head, colon, value = line.partition(":")
+        if not colon or not head:
+            return None
+        if '"' in head:
+            parts = _split_line(line)
+            if parts is None:
+                return None
+            name, parameters, value = parts
+        else:
+            name, _, parameters = head.partition(";")
+            if not name:
+                return None
+            name = name.upper()
+        if name == "BEGIN" or name == "END":
+            return None
+        found = properties.get(name)
+        if found is None:
+            properties[name] = [make(Property, (parameters, value))]
+        else:
+            found.append(make(Property, (parameters, value)))
+    event.properties = properties
+    return end
+
+
+def _cut_timezones(text: str, timezones: dict[str, str]) -> str:
+    """Take the VTIMEZONEs written the usual way out of the text, in a few string searches.
+
+    Their definitions go into `timezones` by TZID (only a zone no name
+    identifies is ever built from one); each is replaced by as many empty
+    lines, so line numbers in messages stay right. Anything unusual is left
+    in place for the line-by-line reader.
+    """
+    marker = "\nBEGIN:VTIMEZONE\n"
+    start = text.find(marker)
+    if start < 0:
+        return text
+    pieces: list[str] = []
+    position = 0
+    while start >= 0:
+        end = text.find("\nEND:VTIMEZONE\n", start + 1)
+        if end < 0:
+            break
+        block = text[start + 1 : end + 14]
+        if "BEGIN:VEVENT" in block or "END:VCALENDAR" in block or block.count("BEGIN:VTIMEZ") > 1:
+            break
+        begin = block.find("\nTZID")
+        parts = _split_line(block[begin + 1 : block.find("\n", begin + 1)]) if begin > 0 else None
+        if parts is not None and parts[0] == "TZID" and parts[2].strip():
+            timezones.setdefault(parts[2].strip(), block.replace("\n", "\r\n") + "\r\n")
+        pieces.append(text[position : start + 1])
+        pieces.append("\n" * block.count("\n"))
+        position = end + 14
+        start = text.find(marker, position - 1)
+    pieces.append(text[position:])
+    return "".join(pieces)
+
+
+def _not_icalendar(number: int, line: str) -> str:
+    shown = line[:40].encode("ascii", "backslashreplace").decode("ascii")
+    return f"not iCalendar text (line {number} reads {shown!r})"
+
+
+# --- time values --------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1024)
+def _named_zone(name: str) -> tzinfo | None:
+    """The zone a TZID names: IANA, Windows, or "/vendor/.../Area/City"; None if none."""
+    from icalendar.timezone.windows_to_olson import WINDOWS_TO_OLSON
+
+    candidates = [name.strip().strip('"').strip("/")]
+    windows = WINDOWS_TO_OLSON.get(candidates[0])
+    if windows:
+        candidates.append(windows)
+    parts = candidates[0].split("/")
+    candidates.extend("/".join(parts[start:]) for start in range(1, len(parts)))
+    for candidate in candidates:
+        if not candidate or len(candidate) > 100 or ".." in candidate:
+            continue
+        try:
+            return ZoneInfo(candidate)
+        except (ZoneInfoNotFoundError, ValueError, OSError, TypeError):
+            continue
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def _defined_zone(definition: str) -> tzinfo | None:
+    """A zone built by icalendar from a VTIMEZONE's text; None when it cannot be built."""
+    import icalendar
+
+    try:
+        component = icalendar.Timezone.from_ical(definition)
+        built: tzinfo = component.to_tz(lookup_tzid=False)  # type: ignore[attr-defined]
+        # a zone that cannot convert is no zone (icalendar builds some that fail later)
+        datetime(2026, 1, 1, tzinfo=built).utcoffset()
+        datetime(2026, 7, 1, tzinfo=built).utcoffset()
+    except Exception:  # icalendar and dateutil raise many kinds for a bad definition
+        return None
+    return built
+
+
+def zone_for(tzid: str, context: ObjectContext) -> tzinfo:
+    """The zone of a TZID parameter; raises `EventError` when nothing defines it."""
+    zone = _named_zone(tzid)
+    if zone is not None:
+        return zone
+    definition = context.timezones.get(tzid)
+    if definition is not None:
+        zone = _defined_zone(definition)
+        if zone is not None:
+            return zone
+        raise EventError(f"the time zone {tzid[:60]!r} is defined in a way that cannot be read")
+    raise EventError(f"unknown time zone {tzid[:60]!r} (no VTIMEZONE defines it)")
+
+
+@dataclass(frozen=True, slots=True)
+class Zones:
+    """Where times without a zone belong: the site zone and the calendar's own."""
+
+    site: tzinfo
+    # X-WR-TIMEZONE of the object's calendar: floating times and UTC series live there
+    calendar: tzinfo | None = None
+
+
+def read_time(
+    property_name: str,
+    value: str,
+    parameters: Property | None,
+    context: ObjectContext,
+    zones: Zones,
+) -> date | datetime:
+    """One DATE or DATE-TIME value: a `date`, or an aware datetime in its wall-clock zone.
+
+    Floating times get the calendar's zone, else the site zone; UTC times in a
+    calendar with X-WR-TIMEZONE are moved into that zone (Google's meaning).
+    Raises `EventError` naming `property_name` for anything unreadable.
+    """
+    value = value.strip()
+    value_type = parameters.parameter("VALUE") if parameters is not None else None
+    if len(value) == 8 and (value_type is None or value_type.upper() == "DATE"):
+        match = _DATE.fullmatch(value)
+        if match:
+            try:
+                return date(int(match[1]), int(match[2]), int(match[3]))
+            except ValueError:
+                pass
+        raise EventError(f"{property_name} {value[:40]!r} is not a date")
+    match = _DATE_TIME.fullmatch(value)
+    if match is None:
+        raise EventError(f"{property_name} {value[:40]!r} is not a date or a date-time")
+    try:
+        wall = datetime(
+            int(match[1]),
+            int(match[2]),
+            int(match[3]),
+            int(match[4]),
+            int(match[5]),
+            int(match[6]),
+        )
+    except ValueError:
+        raise EventError(f"{property_name} {value[:40]!r} is not a valid date-time") from None
+    if match[7]:
+        if zones.calendar is not None:
+            return wall.replace(tzinfo=UTC).astimezone(zones.calendar)
+        return wall.replace(tzinfo=UTC)
+    tzid = parameters.parameter("TZID") if parameters is not None else None
+    if tzid:
+        return wall.replace(tzinfo=zone_for(tzid, context))
+    return wall.replace(tzinfo=zones.calendar or zones.site)
+
+
+def read_times(
+    property_name: str, found: Property, context: ObjectContext, zones: Zones
+) -> list[date | datetime | tuple[datetime, datetime]]:
+    """The comma-separated values of an RDATE or EXDATE; a PERIOD is (start, end)."""
+    values = found.value.split(",")
+    if len(values) > MAX_DATES_IN_LIST:
+        raise EventError(f"{property_name} lists more than {MAX_DATES_IN_LIST} dates")
+    result: list[date | datetime | tuple[datetime, datetime]] = []
+    for value in values:
+        if "/" in value:
+            start_text, _, end_text = value.partition("/")
+            start = read_time(property_name, start_text, found, context, zones)
+            if not isinstance(start, datetime):
+                raise EventError(f"{property_name} period {value[:40]!r} must start at a time")
+            if end_text.strip().lstrip("+-").startswith("P"):
+                end = add_duration(start, read_duration(end_text))
+            else:
+                read_end = read_time(property_name, end_text, found, context, zones)
+                if not isinstance(read_end, datetime):
+                    raise EventError(f"{property_name} period {value[:40]!r} must end at a time")
+                end = read_end
+            result.append((start, end))
+        elif value.strip():
+            result.append(read_time(property_name, value, found, context, zones))
+    return result
+
+
+class Duration(NamedTuple):
+    """A DURATION: whole days added on the calendar (wall clock), plus exact seconds."""
+
+    days: int
+    seconds: int
+
+
+def read_duration(text: str) -> Duration:
+    """`P1D`, `PT2H30M`, `P1W`, `-PT15M` -> `Duration`; raises `EventError` otherwise."""
+    match = _DURATION.fullmatch(text.strip())
+    if match is None or text.strip().lstrip("+-") == "P" or text.strip().endswith("T"):
+        raise EventError(f"DURATION {text[:40]!r} is not a duration such as PT2H or P1D")
+    sign = -1 if match[1] == "-" else 1
+    weeks, days, hours, minutes, seconds = (int(part or 0) for part in match.groups()[1:])
+    total_days = sign * (weeks * 7 + days)
+    total_seconds = sign * (hours * 3600 + minutes * 60 + seconds)
+    if abs(total_days) > 3660 or abs(total_seconds) > 3660 * 86400:
+        raise EventError(f"DURATION {text[:40]!r} is longer than ten years")
+    return Duration(total_days, total_seconds)
+
+
+def localize(wall: datetime, zone: tzinfo) -> datetime:
+    """A wall-clock time in `zone` as UTC (a time in a DST gap moves forward, RFC 5545)."""
+    if zone is UTC:
+        return wall.replace(tzinfo=UTC)
+    return wall.replace(tzinfo=zone).astimezone(UTC)
+
+
+def add_duration(start: datetime, duration: Duration) -> datetime:
+    """`start` (aware, in its wall zone) plus `duration`: days on the wall clock, then seconds."""
+    zone = start.tzinfo
+    assert zone is not None
+    moved = localize(start.replace(tzinfo=None) + timedelta(days=duration.days), zone)
+    return (moved + timedelta(seconds=duration.seconds)).astimezone(zone)
+
+
+def recurrence_text(value: date | datetime) -> str:
+    """The RECURRENCE-ID of an occurrence as keys spell it: `20260310` or `20260310T080000Z`."""
+    if isinstance(value, datetime):
+        value = value.astimezone(UTC)
+        return (
+            f"{value.year:04}{value.month:02}{value.day:02}"
+            f"T{value.hour:02}{value.minute:02}{value.second:02}Z"
+        )
+    return f"{value.year:04}{value.month:02}{value.day:02}"
+
+
+# --- recurrence rules -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """An RRULE read into plain values (weekdays 0 = Monday, as `date.weekday()`)."""
+
+    frequency: str
+    interval: int = 1
+    count: int | None = None
+    until: datetime | None = None  # wall clock of the series, inclusive
+    by_month: tuple[int, ...] = ()
+    by_month_day: tuple[int, ...] = ()
+    by_day: tuple[tuple[int, int], ...] = ()  # (ordinal or 0, weekday)
+    by_hour: tuple[int, ...] = ()
+    by_minute: tuple[int, ...] = ()
+    by_second: tuple[int, ...] = ()
+    by_set_position: tuple[int, ...] = ()
+    week_start: int = 0
+
+
+def _integers(
+    name: str, text: str, low: int, high: int, *, signed: bool = False
+) -> tuple[int, ...]:
+    values = []
+    for item in text.split(","):
+        item = item.strip()
+        if not re.fullmatch(r"[+-]?\d{1,4}" if signed else r"\d{1,4}", item):
+            raise EventError(f"RRULE {name}={text[:40]} is not a list of numbers")
+        number = int(item)
+        if not (low <= abs(number) <= high) or (signed is False and number < low):
+            raise EventError(f"RRULE {name}={text[:40]}: {number} is out of range")
+        values.append(number)
+    return tuple(values)
+
+
+def read_rule(text: str, until_reader: Callable[[str], datetime], all_day: bool) -> Rule:
+    """Read an RRULE value; raises `EventError` with what is wrong or unsupported.
+
+    `until_reader` turns the UNTIL value into the series' wall clock (the
+    caller knows the series' zone).
+    """
+    parts: dict[str, str] = {}
+    for item in text.strip().split(";"):
+        if not item.strip():
+            continue
+        name, equals, value = item.partition("=")
+        name = name.strip().upper()
+        if not equals or not value.strip():
+            raise EventError(f"RRULE part {item[:40]!r} has no value")
+        if name in parts:
+            raise EventError(f"RRULE names {name} twice")
+        parts[name] = value.strip().upper()
+    frequency = parts.pop("FREQ", None)
+    if frequency is None:
+        raise EventError("RRULE has no FREQ")
+    if frequency in _NOT_DAILY:
+        raise EventError(f"RRULE repeats {frequency.lower()}; a booking repeats at most daily")
+    if frequency not in _FREQUENCIES:
+        raise EventError(f"RRULE FREQ={frequency[:20]} is not a frequency")
+    values: dict[str, object] = {"frequency": frequency}
+    for name, value in parts.items():
+        if name == "INTERVAL":
+            values["interval"] = _integers(name, value, 1, 9999)[0]
+        elif name == "COUNT":
+            values["count"] = _integers(name, value, 1, 9999)[0]
+        elif name == "UNTIL":
+            values["until"] = until_reader(value)
+        elif name == "BYMONTH":
+            values["by_month"] = _integers(name, value, 1, 12)
+        elif name == "BYMONTHDAY":
+            values["by_month_day"] = _integers(name, value, 1, 31, signed=True)
+        elif name == "BYHOUR":
+            values["by_hour"] = _integers(name, value, 0, 23)
+        elif name == "BYMINUTE":
+            values["by_minute"] = _integers(name, value, 0, 59)
+        elif name == "BYSECOND":
+            values["by_second"] = _integers(name, value, 0, 59)
+        elif name == "BYSETPOS":
+            values["by_set_position"] = _integers(name, value, 1, 366, signed=True)
+        elif name == "WKST":
+            if value not in _WEEKDAYS:
+                raise EventError(f"RRULE WKST={value[:10]} is not a weekday")
+            values["week_start"] = _WEEKDAYS[value]
+        elif name == "BYDAY":
+            days = []
+            for item in value.split(","):
+                match = _BY_DAY.fullmatch(item.strip())
+                if match is None:
+                    raise EventError(f"RRULE BYDAY={value[:40]} is not a list of weekdays")
+                ordinal = int(match[2] or 0) * (-1 if match[1] == "-" else 1)
+                if match[2] is not None and not 1 <= int(match[2]) <= 53:
+                    raise EventError(f"RRULE BYDAY={value[:40]}: ordinal out of range")
+                days.append((ordinal, _WEEKDAYS[match[3]]))
+            values["by_day"] = tuple(days)
+        elif name in ("BYYEARDAY", "BYWEEKNO"):
+            raise EventError(f"RRULE {name} is not supported (no booking app writes it)")
+        elif not name.startswith("X-"):
+            raise EventError(f"RRULE part {name[:20]} is not known")
+    rule = Rule(**values)  # type: ignore[arg-type]
+    if rule.count is not None and rule.until is not None:
+        raise EventError("RRULE has both COUNT and UNTIL")
+    has_ordinal = any(ordinal for ordinal, _ in rule.by_day)
+    if has_ordinal and rule.frequency in ("DAILY", "WEEKLY"):
+        raise EventError("RRULE BYDAY with a number only fits MONTHLY or YEARLY")
+    if has_ordinal and rule.by_month_day:
+        raise EventError("RRULE BYDAY with a number cannot be combined with BYMONTHDAY")
+    if rule.frequency == "MONTHLY" and any(abs(ordinal) > 5 for ordinal, _ in rule.by_day):
+        raise EventError("RRULE BYDAY: a month has at most 5 of each weekday")
+    if rule.frequency == "WEEKLY" and rule.by_month_day:
+        raise EventError("RRULE BYMONTHDAY does not fit FREQ=WEEKLY")
+    if all_day and (rule.by_hour or rule.by_minute or rule.by_second):
+        raise EventError("an all-day series cannot repeat by hour, minute or second")
+    return rule
+
+
+def _month_days(year: int, month: int) -> int:
+    if month == 12:
+        return 31
+    return (date(year, month + 1, 1) - date(year, month, 1)).days
+
+
+def _days_of_month(rule: Rule, year: int, month: int, start: datetime) -> list[date]:
+    """The days of one month that a MONTHLY (or YEARLY by month) rule picks."""
+    length = _month_days(year, month)
+    if rule.by_month_day:
+        chosen = sorted({day if day > 0 else length + day + 1 for day in rule.by_month_day})
+        days = [date(year, month, day) for day in chosen if 1 <= day <= length]
+        if rule.by_day:
+            weekdays = {weekday for _, weekday in rule.by_day}
+            days = [day for day in days if day.weekday() in weekdays]
+        return days
+    if rule.by_day:
+        return sorted(set(_weekdays_in(rule.by_day, date(year, month, 1), length)))
+    if start.day <= length:
+        return [date(year, month, start.day)]
+    return []  # the 31st in a 30-day month: no occurrence (RFC 5545)
+
+
+def _weekdays_in(by_day: tuple[tuple[int, int], ...], first: date, length: int) -> Iterator[date]:
+    """The days of a span (a month or a year) that BYDAY picks; ordinals count in the span."""
+    for ordinal, weekday in by_day:
+        offset = (weekday - first.weekday()) % 7
+        matching = list(range(offset, length, 7))
+        if ordinal == 0:
+            chosen = matching
+        elif ordinal > 0:
+            chosen = matching[ordinal - 1 : ordinal] if ordinal <= len(matching) else []
+        else:
+            chosen = [matching[ordinal]] if -ordinal <= len(matching) else []
+        for day in chosen:
+            yield first + timedelta(days=day)
+
+
+def _days_picker(rule: Rule, start: datetime) -> Callable[[date], list[date]]:
+    """The function giving the days a rule picks in the period beginning on a day.
+
+    The plain cases (a daily rule without filters, a weekly one by weekday)
+    get their work done once here, since they are what bookings repeat by.
+    """
+    if rule.frequency == "DAILY" and not (rule.by_month or rule.by_month_day or rule.by_day):
+        return lambda first: [first]
+    if rule.frequency == "WEEKLY" and not rule.by_month:
+        weekdays = [weekday for _, weekday in rule.by_day] or [start.weekday()]
+        offsets = [
+            timedelta(days=offset)
+            for offset in sorted({(weekday - rule.week_start) % 7 for weekday in weekdays})
+        ]
+        return lambda first: [first + offset for offset in offsets]
+    return lambda first: _period_days(rule, first, start)
+
+
+def _period_days(rule: Rule, first: date, start: datetime) -> list[date]:
+    """The days of the period beginning on `first` that the rule picks, before BYSETPOS."""
+    if rule.frequency == "DAILY":
+        return _daily_days(rule, first)
+    if rule.frequency == "WEEKLY":
+        weekdays = [weekday for _, weekday in rule.by_day] or [start.weekday()]
+        week = {first + timedelta(days=(weekday - rule.week_start) % 7) for weekday in weekdays}
+        return sorted(day for day in week if not rule.by_month or day.month in rule.by_month)
+    if rule.frequency == "MONTHLY":
+        if rule.by_month and first.month not in rule.by_month:
+            return []
+        return _days_of_month(rule, first.year, first.month, start)
+    return _yearly_days(rule, first.year, start)
+
+
+def _daily_days(rule: Rule, day: date) -> list[date]:
+    """A DAILY rule's day, unless BYMONTH, BYMONTHDAY or BYDAY leave it out."""
+    if rule.by_month and day.month not in rule.by_month:
+        return []
+    if rule.by_month_day:
+        length = _month_days(day.year, day.month)
+        if not any(
+            (wanted if wanted > 0 else length + wanted + 1) == day.day
+            for wanted in rule.by_month_day
+        ):
+            return []
+    if rule.by_day and day.weekday() not in {weekday for _, weekday in rule.by_day}:
+        return []
+    return [day]
+
+
+def _yearly_days(rule: Rule, year: int, start: datetime) -> list[date]:
+    """The days of one year that a YEARLY rule picks (BYDAY counts in the year or month)."""
+    if rule.by_day and not rule.by_month_day and not rule.by_month:
+        first = date(year, 1, 1)
+        return sorted(set(_weekdays_in(rule.by_day, first, (date(year + 1, 1, 1) - first).days)))
+    months: Iterable[int]
+    if rule.by_month:
+        months = sorted(set(rule.by_month))
+    elif rule.by_month_day:
+        months = range(1, 13)
+    else:
+        months = [start.month]
+    days: list[date] = []
+    for month in months:
+        days.extend(_days_of_month(rule, year, month, start))
+    return days
+
+
+def _week_start(day: date, week_start: int) -> date:
+    return day - timedelta(days=(day.weekday() - week_start) % 7)
+
+
+def _period_index(rule: Rule, start: datetime, moment: datetime) -> int:
+    """Which period (counted from the start's) holds `moment`."""
+    if rule.frequency == "DAILY":
+        return (moment.date() - start.date()).days
+    if rule.frequency == "WEEKLY":
+        return (
+            _week_start(moment.date(), rule.week_start) - _week_start(start.date(), rule.week_start)
+        ).days // 7
+    if rule.frequency == "MONTHLY":
+        return (moment.year - start.year) * 12 + moment.month - start.month
+    return moment.year - start.year
+
+
+def _period_first_day(rule: Rule, start: datetime, index: int) -> date:
+    if rule.frequency == "DAILY":
+        return start.date() + timedelta(days=index)
+    if rule.frequency == "WEEKLY":
+        return _week_start(start.date(), rule.week_start) + timedelta(weeks=index)
+    if rule.frequency == "MONTHLY":
+        year, month = divmod(start.year * 12 + start.month - 1 + index, 12)
+        return date(year, month + 1, 1)
+    return date(start.year + index, 1, 1)
+
+
+def expand_rule(rule: Rule, start: datetime, low: datetime, high: datetime) -> list[datetime]:
+    """The instances of `rule` from `start` that fall in [low, high], on the wall clock.
+
+    All three datetimes are naive wall-clock times of the series. DTSTART is
+    not returned (the caller adds it: it is always the first instance, and
+    counts towards COUNT). The work is bounded by the window: periods before it
+    are skipped when there is no COUNT, and a COUNT series may not start more
+    than `MAX_PERIODS` periods before it. Raises `EventError` past the limits.
+    """
+    found: list[datetime] = []
+    if start > high:
+        return found
+    hours = rule.by_hour or (start.hour,)
+    minutes = rule.by_minute or (start.minute,)
+    seconds = rule.by_second or (start.second,)
+    clock = sorted(
+        time(hour, minute, second) for hour in hours for minute in minutes for second in seconds
+    )
+    index = 0
+    if rule.count is None:
+        # no COUNT: nothing before the window's period matters; jump there
+        wanted = _period_index(rule, start, low)
+        if wanted > 0:
+            index = wanted - wanted % rule.interval
+    last_day = high.date() if rule.until is None else min(high.date(), rule.until.date())
+    days_of = _days_picker(rule, start)
+    # DAILY and WEEKLY periods follow each other by a fixed step; the others are computed
+    stepped = rule.frequency in ("DAILY", "WEEKLY")
+    step = timedelta(days=rule.interval * (7 if rule.frequency == "WEEKLY" else 1))
+    first_day = _period_first_day(rule, start, index)
+    produced = 1  # DTSTART
+    periods = 0
+    while True:
+        if not stepped:
+            first_day = _period_first_day(rule, start, index)
+        if first_day > last_day or first_day.year > 9998:
+            break
+        periods += 1
+        if periods > MAX_PERIODS:
+            raise EventError(
+                f"the series starts {MAX_PERIODS} repetitions or more before the window "
+                "(split it, or give it an UNTIL)"
+            )
+        days = days_of(first_day)
+        index += rule.interval
+        if stepped:
+            first_day += step
+        if not days:
+            continue
+        if len(clock) == 1:
+            moment = clock[0]
+            candidates = [datetime.combine(day, moment) for day in days]
+        else:
+            candidates = [datetime.combine(day, moment) for day in days for moment in clock]
+        if rule.by_set_position and candidates:
+            size = len(candidates)
+            candidates = sorted(
+                {
+                    candidates[position - 1 if position > 0 else size + position]
+                    for position in rule.by_set_position
+                    if position <= size and -position <= size
+                }
+            )
+        for candidate in candidates:
+            if candidate <= start:
+                continue
+            if rule.until is not None and candidate > rule.until:
+                return found
+            if rule.count is not None and produced >= rule.count:
+                return found
+            produced += 1
+            if candidate > high:
+                return found
+            if candidate >= low:
+                found.append(candidate)
+                if len(found) > MAX_OCCURRENCES_IN_WINDOW:
+                    raise EventError(
+                        f"the series has more than {MAX_OCCURRENCES_IN_WINDOW} "
+                        "occurrences in the window"
+                    )
+    return found
+
+
+# --- events to occurrences -------------------------------------------------------------------
+
+
+class Occurrence(NamedTuple):
+    """One occurrence: exact UTC times, and the VEVENT (series or override) describing it."""
+
+    uid: str
+    recurrence_id: str | None
+    start: datetime
+    end: datetime
+    component: Component
+    href: str
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """An object, event or occurrence that cannot be read, with the reason."""
+
+    href: str
+    reason: str
+    uid: str | None = None
+    recurrence_id: str | None = None
+    component: Component | None = None
+    start: datetime | None = None
+    end: datetime | None = None
+
+
+class _Timing(NamedTuple):
+    """When an event (or series) happens: its start and how its end follows."""
+
+    start: date | datetime
+    duration: Duration  # days on the wall clock plus exact seconds
+    end: datetime | None = None  # the exact end of the DTSTART instance, when DTEND says it
+
+    @property
+    def all_day(self) -> bool:
+        return not isinstance(self.start, datetime)
+
+
+def _timing(component: Component, zones: Zones, fallback: _Timing | None = None) -> _Timing:
+    """DTSTART with DTEND or DURATION; raises `EventError` when they cannot be read."""
+    context = component.context
+    found_start = component.first("DTSTART")
+    if found_start is None:
+        if fallback is None:
+            raise EventError("the event has no DTSTART")
+        return fallback
+    start = read_time("DTSTART", found_start.value, found_start, context, zones)
+    found_end = component.first("DTEND")
+    found_duration = component.first("DURATION")
+    if found_end is not None:
+        end = read_time("DTEND", found_end.value, found_end, context, zones)
+        if isinstance(start, datetime) != isinstance(end, datetime):
+            raise EventError("DTSTART and DTEND must both be dates or both be date-times")
+        if isinstance(start, datetime) and isinstance(end, datetime):
+            exact = int((end - start).total_seconds())
+            return _Timing(start, Duration(0, exact), end.astimezone(UTC))
+        return _Timing(start, Duration((end - start).days, 0))
+    if found_duration is not None:
+        duration = read_duration(found_duration.value)
+        if not isinstance(start, datetime) and duration.seconds:
+            raise EventError("an all-day event's DURATION must be whole days")
+        return _Timing(start, duration)
+    if fallback is not None:
+        return _Timing(start, fallback.duration)
+    if isinstance(start, datetime):
+        return _Timing(start, Duration(0, 0))
+    return _Timing(start, Duration(1, 0))  # an all-day event without end lasts its day
+
+
+def _instance(
+    timing: _Timing, wall: datetime, zone: tzinfo, site: tzinfo
+) -> tuple[datetime, datetime]:
+    """UTC start and end of the instance starting at `wall` (the series' wall clock)."""
+    if timing.all_day:
+        start = localize(wall, site)
+        end = localize(wall + timedelta(days=timing.duration.days), site)
+        return start, end
+    start = localize(wall, zone)
+    if timing.duration.days:
+        end = localize(wall + timedelta(days=timing.duration.days), zone)
+    else:
+        end = start
+    return start, end + timedelta(seconds=timing.duration.seconds)
+
+
+def _wall(value: date | datetime) -> datetime:
+    if isinstance(value, datetime):
+        return value.replace(tzinfo=None)
+    return datetime.combine(value, time())
+
+
+def _status(component: Component) -> str:
+    found = component.first("STATUS")
+    return found.value.strip().upper() if found is not None else ""
+
+
+def _sequence(component: Component) -> tuple[int, str]:
+    """Which revision of a component is newer: SEQUENCE, then DTSTAMP text."""
+    found = component.first("SEQUENCE")
+    try:
+        sequence = int(found.value.strip()) if found is not None else 0
+    except ValueError:
+        sequence = 0
+    stamp = component.first("DTSTAMP")
+    return sequence, stamp.value.strip() if stamp is not None else ""
+
+
+class _Group:
+    """The components of one UID in one calendar: the series and its overrides."""
+
+    __slots__ = ("href", "master", "overrides", "uid")
+
+    def __init__(self, uid: str, href: str) -> None:
+        self.uid = uid
+        self.href = href
+        self.master: Component | None = None
+        self.overrides: dict[str, tuple[Component, date | datetime]] = {}
+
+
+def expand(
+    objects: Iterable[tuple[str, ParsedObject]],
+    window_start: datetime,
+    window_end: datetime,
+    site_zone: tzinfo,
+) -> tuple[list[Occurrence], list[Problem]]:
+    """Every occurrence of one calendar's events that overlaps [window_start, window_end).
+
+    Given (href, parsed object) pairs of one calendar and an aware UTC window,
+    returns the occurrences (cancelled ones left out) and the problems, each
+    a whole object, a whole event (series) or one occurrence that cannot be
+    read. The components of one UID are gathered across objects (an ICS
+    folder may hold a series and its exceptions apart); of two revisions of
+    the same component the newer (SEQUENCE, then DTSTAMP) counts. Never raises
+    for any calendar content.
+    """
+    occurrences: list[Occurrence] = []
+    problems: list[Problem] = []
+    groups: dict[str, _Group] = {}
+    for href, parsed in objects:
+        if parsed.problem is not None:
+            problems.append(Problem(href, parsed.problem))
+            continue
+        for component in parsed.events:
+            uid = component.uid
+            if component.problem is not None or uid is None:
+                reason = component.problem or "the event has no UID"
+                problems.append(Problem(href, reason, uid=uid, component=component))
+                continue
+            group = groups.get(uid)
+            if group is None:
+                group = groups[uid] = _Group(uid, href)
+            try:
+                _add_to_group(group, component, _zones(component.context, site_zone))
+            except EventError as error:
+                problems.append(Problem(href, str(error), uid=uid, component=component))
+    for group in groups.values():
+        found: list[Occurrence] = []
+        try:
+            _expand_group(group, window_start, window_end, site_zone, found, problems)
+        except (OverflowError, ValueError) as error:
+            # dates beyond year 9999 and the like: the event, not the reader, is wrong
+            reason = f"the event's dates cannot be computed ({error})"
+            problems.append(Problem(group.href, reason, uid=group.uid, component=group.master))
+            continue
+        occurrences.extend(found)
+    return occurrences, problems
+
+
+def _zones(context: ObjectContext, site_zone: tzinfo) -> Zones:
+    return _zones_for(context.calendar_zone, site_zone)
+
+
+@functools.lru_cache(maxsize=256)
+def _zones_for(calendar_zone: str | None, site_zone: tzinfo) -> Zones:
+    if calendar_zone is None:
+        return Zones(site_zone)
+    return Zones(site_zone, _named_zone(calendar_zone))
+
+
+def _add_to_group(group: _Group, component: Component, zones: Zones) -> None:
+    found = component.first("RECURRENCE-ID")
+    if found is None:
+        if group.master is None or _sequence(component) > _sequence(group.master):
+            group.master = component
+        return
+    original = read_time("RECURRENCE-ID", found.value, found, component.context, zones)
+    key = recurrence_text(original)
+    present = group.overrides.get(key)
+    if present is None or _sequence(component) > _sequence(present[0]):
+        group.overrides[key] = (component, original)
+
+
+def _overlaps(start: datetime, end: datetime, window_start: datetime, window_end: datetime) -> bool:
+    """Does [start, end) meet the window? An event ending before it starts counts at its start."""
+    if start >= window_end:
+        return False
+    return end > window_start if end > start else start >= window_start
+
+
+def _is_this_and_future(component: Component) -> bool:
+    found = component.first("RECURRENCE-ID")
+    range_value = found.parameter("RANGE") if found is not None else None
+    return (range_value or "").upper() == "THISANDFUTURE"
+
+
+def _expand_group(
+    group: _Group,
+    window_start: datetime,
+    window_end: datetime,
+    site_zone: tzinfo,
+    occurrences: list[Occurrence],
+    problems: list[Problem],
+) -> None:
+    """The occurrences of one UID: the series' instances, then its overrides."""
+    master = group.master
+    uid = group.uid
+    master_timing: _Timing | None = None
+    if master is not None:
+        zones = _zones(master.context, site_zone)
+        if not group.overrides and _surely_outside(master, window_start, window_end):
+            return
+        try:
+            master_timing = _timing_of(master, zones)
+            if _status(master) == "CANCELLED":
+                return  # a cancelled series cancels its exceptions too
+            if master.all("RRULE") or master.all("RDATE"):
+                future = sorted(
+                    (original, component)
+                    for component, original in group.overrides.values()
+                    if isinstance(original, datetime) and _is_this_and_future(component)
+                )
+                _expand_series(
+                    group,
+                    master,
+                    master_timing,
+                    zones,
+                    site_zone,
+                    window_start,
+                    window_end,
+                    future,
+                    occurrences,
+                )
+            elif recurrence_text(master_timing.start) in group.overrides:
+                # a single event whose one occurrence was overridden: the override, same key
+                component, _ = group.overrides.pop(recurrence_text(master_timing.start))
+                _single(
+                    uid,
+                    None,
+                    component,
+                    group.href,
+                    site_zone,
+                    window_start,
+                    window_end,
+                    occurrences,
+                    problems,
+                    master_timing,
+                )
+            else:
+                start, end = _instance(
+                    master_timing,
+                    _wall(master_timing.start),
+                    _zone_of(master_timing, site_zone),
+                    site_zone,
+                )
+                if master_timing.end is not None:
+                    end = master_timing.end
+                if _overlaps(start, end, window_start, window_end):
+                    occurrences.append(Occurrence(uid, None, start, end, master, group.href))
+        except EventError as error:
+            start_time = None
+            if master_timing is not None and isinstance(master_timing.start, datetime):
+                start_time = master_timing.start.astimezone(UTC)
+            problems.append(
+                Problem(group.href, str(error), uid=uid, component=master, start=start_time)
+            )
+            return
+    for key, (component, original) in group.overrides.items():
+        _single(
+            uid,
+            key,
+            component,
+            group.href,
+            site_zone,
+            window_start,
+            window_end,
+            occurrences,
+            problems,
+            master_timing,
+            original,
+        )
+
+
+def _surely_outside(component: Component, window_start: datetime, window_end: datetime) -> bool:
+    """A quick look at the dates of a single event: does it end long before or start long after?
+
+    Only the calendar dates written in DTSTART and DTEND are read (no zone can
+    move a time by more than a day), so most of a long history is passed over
+    without the full reading; anything unusual answers False, for the full one.
+    """
+    derived = component.derived
+    if "quick days" not in derived:
+        derived["quick days"] = _quick_days(component)
+    days = derived["quick days"]
+    if not isinstance(days, tuple):
+        return False
+    start_day: date = days[0]
+    end_day: date | None = days[1]
+    if start_day > (window_end + _QUICK_MARGIN).date():
+        return True
+    if end_day is None:
+        return False
+    earliest = (window_start - _QUICK_MARGIN).date()
+    return end_day < earliest and start_day < earliest
+
+
+def _quick_days(component: Component) -> tuple[date, date | None] | None:
+    """The calendar dates DTSTART and DTEND name, if the event is single and they are plain."""
+    if "RRULE" in component.properties or "RDATE" in component.properties:
+        return None
+    start = component.first("DTSTART")
+    start_day = _quick_day(start.value) if start is not None else None
+    if start_day is None:
+        return None
+    end = component.first("DTEND")
+    return start_day, _quick_day(end.value) if end is not None else None
+
+
+def outside_window(data: str | bytes, window_start: datetime, window_end: datetime) -> str | None:
+    """The UID of an object that surely has nothing in the window, read without parsing it.
+
+    An object written the usual way with one single event (no RRULE, RDATE or
+    RECURRENCE-ID) whose DTSTART and DTEND dates lie two days or more outside
+    the window cannot touch it: no zone moves a time by a day. Most objects of
+    a calendar with some history are such; they cost a few string searches
+    instead of a reading. Returns None when the object must be read (anything
+    unusual, or something maybe inside the window).
+    """
+    text = data.decode("latin-1") if isinstance(data, bytes) else data
+    begin = text.find("BEGIN:VEVENT")
+    end = text.find("END:VEVENT", begin)
+    if begin < 0 or end < 0 or text.find("BEGIN:VEVENT", begin + 12) >= 0:
+        return None
+    block = text[begin:end]
+    if "RRULE" in block or "RDATE" in block or "RECURRENCE-ID" in block:
+        return None
+    start_day = _line_day(block, "\nDTSTART")
+    end_day = _line_day(block, "\nDTEND")
+    if start_day is None or end_day is None:
+        return None
+    earliest = (window_start - _QUICK_MARGIN).date()
+    starts_after = start_day > (window_end + _QUICK_MARGIN).date()
+    ended_before = end_day < earliest and start_day < earliest
+    if not (starts_after or ended_before):
+        return None
+    uid_at = block.find("\nUID:")
+    if uid_at < 0:
+        return None
+    uid_end = block.find("\n", uid_at + 5)
+    if uid_end < 0 or block[uid_end + 1 : uid_end + 2] in (" ", "\t"):
+        return None  # a folded UID: read it properly
+    uid = block[uid_at + 5 : uid_end].strip()
+    return uid if uid.isascii() and uid else None
+
+
+def _line_day(block: str, marker: str) -> date | None:
+    """The date that starts the value of the one `marker` line of `block`, if plain."""
+    at = block.find(marker)
+    if at < 0 or block.find(marker, at + 1) >= 0:
+        return None
+    line_end = block.find("\n", at + 1)
+    if line_end < 0 or block[line_end + 1 : line_end + 2] in (" ", "\t"):
+        return None  # folded: the date may be split
+    line = block[at + 1 : line_end]
+    colon = line.rfind(":")
+    if colon < 0 or line[len(marker) - 1 : len(marker)] not in (":", ";"):
+        return None
+    return _quick_day(line[colon + 1 :])
+
+
+def _timing_of(component: Component, zones: Zones) -> _Timing:
+    """`_timing`, computed once per component and zones (its failure too)."""
+    key = ("timing", zones)
+    found = component.derived.get(key)
+    if found is None:
+        try:
+            found = _timing(component, zones)
+        except EventError as error:
+            found = error
+        component.derived[key] = found
+    if isinstance(found, EventError):
+        raise found
+    assert isinstance(found, _Timing)
+    return found
+
+
+def _rule_of(
+    component: Component,
+    text: str,
+    zones: Zones,
+    until_reader: Callable[[str], datetime],
+    all_day: bool,
+) -> Rule:
+    """`read_rule`, computed once per component, rule text and zones (its failure too)."""
+    key = ("rule", text, zones, all_day)
+    found = component.derived.get(key)
+    if found is None:
+        try:
+            found = read_rule(text, until_reader, all_day)
+        except EventError as error:
+            found = error
+        component.derived[key] = found
+    if isinstance(found, EventError):
+        raise found
+    assert isinstance(found, Rule)
+    return found
+
+
+_QUICK_MARGIN = timedelta(days=2)
+
+
+def _quick_day(value: str) -> date | None:
+    text = value.lstrip()[:8]
+    if len(text) != 8 or not text.isascii() or not text.isdigit():
+        return None
+    try:
+        return date(int(text[:4]), int(text[4:6]), int(text[6:]))
+    except ValueError:
+        return None
+
+
+def _zone_of(timing: _Timing, site_zone: tzinfo) -> tzinfo:
+    if isinstance(timing.start, datetime) and timing.start.tzinfo is not None:
+        return timing.start.tzinfo
+    return site_zone
+
+
+def _single(
+    uid: str,
+    recurrence_id: str | None,
+    component: Component,
+    href: str,
+    site_zone: tzinfo,
+    window_start: datetime,
+    window_end: datetime,
+    occurrences: list[Occurrence],
+    problems: list[Problem],
+    fallback: _Timing | None,
+    original: date | datetime | None = None,
+) -> None:
+    """One override (a moved, changed or cancelled occurrence), standing on its own."""
+    if _status(component) == "CANCELLED":
+        return
+    zones = _zones(component.context, site_zone)
+    try:
+        if original is not None and component.first("DTSTART") is None:
+            # an override without DTSTART stays where the series put it
+            fallback = _Timing(original, fallback.duration if fallback else Duration(0, 0))
+        timing = _timing(component, zones, fallback)
+        start, end = _instance(timing, _wall(timing.start), _zone_of(timing, site_zone), site_zone)
+        if timing.end is not None:
+            end = timing.end
+    except EventError as error:
+        problems.append(
+            Problem(href, str(error), uid=uid, recurrence_id=recurrence_id, component=component)
+        )
+        return
+    if _overlaps(start, end, window_start, window_end):
+        occurrences.append(Occurrence(uid, recurrence_id, start, end, component, href))
+
+
+def _expand_series(
+    group: _Group,
+    master: Component,
+    timing: _Timing,
+    zones: Zones,
+    site_zone: tzinfo,
+    window_start: datetime,
+    window_end: datetime,
+    future: list[tuple[datetime, Component]],
+    occurrences: list[Occurrence],
+) -> None:
+    """The instances of a recurring series that overlap the window; raises `EventError`."""
+    context = master.context
+    zone = _zone_of(timing, site_zone)
+    start_wall = _wall(timing.start)
+    # the window on the series' wall clock, widened by the longest offset and length
+    margin = timedelta(days=abs(timing.duration.days) + 2, seconds=abs(timing.duration.seconds))
+    low = (window_start - margin).astimezone(zone).replace(tzinfo=None)
+    high = (window_end + timedelta(days=2)).astimezone(zone).replace(tzinfo=None)
+
+    def until_reader(value: str) -> datetime:
+        until = read_time("UNTIL", value, None, context, zones)
+        if isinstance(until, datetime):
+            if timing.all_day:
+                return datetime.combine(until.astimezone(site_zone).date(), time(23, 59, 59))
+            return until.astimezone(zone).replace(tzinfo=None)
+        return datetime.combine(until, time(23, 59, 59))
+
+    walls: set[datetime] = set()
+    rules = master.all("RRULE")
+    if len(rules) > MAX_RULES:
+        raise EventError(f"the event has more than {MAX_RULES} RRULEs")
+    for found in rules:
+        rule = _rule_of(master, found.value, zones, until_reader, timing.all_day)
+        walls.update(expand_rule(rule, start_wall, low, high))
+    if low <= start_wall <= high:
+        walls.add(start_wall)  # DTSTART is always the first instance
+    period_ends: dict[datetime, datetime] = {}  # RDATE;VALUE=PERIOD: start -> exact end
+    for found in master.all("RDATE"):
+        for value in read_times("RDATE", found, context, zones):
+            if isinstance(value, tuple):
+                if timing.all_day:
+                    raise EventError("an all-day series cannot have RDATE periods")
+                wall = value[0].astimezone(zone).replace(tzinfo=None)
+                period_ends[wall] = value[1].astimezone(UTC)
+            elif isinstance(value, datetime) == timing.all_day:
+                raise EventError("RDATE must be of the same kind (date or date-time) as DTSTART")
+            else:
+                wall = _wall(value.astimezone(zone) if isinstance(value, datetime) else value)
+            if low <= wall <= high:
+                walls.add(wall)
+    excluded_times: set[datetime] = set()
+    excluded_days: set[date] = set()
+    for found in master.all("EXDATE"):
+        for value in read_times("EXDATE", found, context, zones):
+            if isinstance(value, tuple):
+                raise EventError("EXDATE cannot be a period")
+            if isinstance(value, datetime):
+                excluded_times.add(value.astimezone(UTC))
+                if timing.all_day:
+                    excluded_days.add(value.astimezone(site_zone).date())
+            else:
+                excluded_days.add(value)
+    if len(walls) > MAX_OCCURRENCES_IN_WINDOW:
+        raise EventError(
+            f"the series has more than {MAX_OCCURRENCES_IN_WINDOW} occurrences in the window"
+        )
+    for wall in sorted(walls):
+        start, end = _instance(timing, wall, zone, site_zone)
+        if wall in period_ends:
+            end = period_ends[wall]
+        original: date | datetime = wall.date() if timing.all_day else start
+        # EXDATE: the exact start, or (a date) every instance of that day
+        if start in excluded_times or wall.date() in excluded_days:
+            continue
+        recurrence_id = recurrence_text(original)
+        if recurrence_id in group.overrides:
+            continue  # the override stands for it
+        component = master
+        applying = [item for item in future if item[0] <= start] if future else []
+        if applying:
+            # RANGE=THISANDFUTURE: this and later instances move and change with the override
+            anchor, component = applying[-1]
+            moved = _timing(component, _zones(component.context, site_zone), timing)
+            if not isinstance(moved.start, datetime):
+                raise EventError("a THISANDFUTURE override must start at a time, like its series")
+            moved_start = moved.start.astimezone(UTC)
+            if moved.end is not None:
+                length = moved.end - moved_start
+            else:
+                length = (
+                    _instance(moved, _wall(moved.start), _zone_of(moved, site_zone), site_zone)[1]
+                    - moved_start
+                )
+            start = start + (moved_start - anchor.astimezone(UTC))
+            end = start + length
+        if _overlaps(start, end, window_start, window_end):
+            occurrences.append(
+                Occurrence(group.uid, recurrence_id, start, end, component, group.href)
+            )
+
+
+def read_stamp(component: Component, name: str, site_zone: tzinfo) -> datetime | None:
+    """CREATED or DTSTAMP as an aware UTC datetime; None when absent or unreadable."""
+    found = component.first(name)
+    if found is None:
+        return None
+    value_text = found.value.strip()
+    if len(value_text) == 16 and value_text[15] == "Z" and not found.parameters:
+        # the usual spelling, 20260301T090000Z
+        match = _DATE_TIME.fullmatch(value_text)
+        if match is not None:
+            try:
+                return datetime(
+                    int(match[1]),
+                    int(match[2]),
+                    int(match[3]),
+                    int(match[4]),
+                    int(match[5]),
+                    int(match[6]),
+                    tzinfo=UTC,
+                )
+            except ValueError:
+                return None
+    try:
+        value = read_time(name, found.value, found, component.context, Zones(site_zone))
+    except EventError:
+        return None
+    if isinstance(value, datetime):
+        return value.astimezone(UTC)
+    return datetime.combine(value, time(), UTC)

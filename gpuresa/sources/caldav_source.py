@@ -1,0 +1,401 @@
+"""The one gateway to CalDAV servers: incremental, cheap polls with the `caldav` client.
+
+A poll asks for as little as the server allows:
+
+1. With a sync token (RFC 6578), one `sync-collection` REPORT: an unchanged
+   calendar costs that one small request; a changed one names the changed
+   and removed objects, and one `calendar-multiget` REPORT fetches the
+   changed ones.
+2. When the server refuses or has expired the token (Radicale answers 403
+   `valid-sync-token`, others 409 or 412), or on the first poll, a listing of
+   every object with its ETag: a `sync-collection` without a token (which
+   also yields a new token) or, on servers without RFC 6578, a Depth 1
+   PROPFIND. Listed ETags are compared with the snapshot; only new or changed
+   objects are fetched, those no longer listed are dropped. Objects are keyed
+   by their path, so nothing is lost or counted twice across the fallback.
+
+`caldav.DAVClient` does the HTTP, the authentication (basic or digest) and
+the XML parsing; requests and bytes received are counted by a hook on its
+session. The last good snapshot is kept on disk (see `snapshot`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, NamedTuple
+from urllib.parse import quote, unquote, urljoin, urlsplit
+from xml.sax.saxutils import escape
+
+from gpuresa.config import CalendarConfig, read_secret
+from gpuresa.errors import UserError
+from gpuresa.sources import PollResult, SourceError, one_line, shown_url
+from gpuresa.sources.snapshot import Snapshot, SnapshotStore, StoredObject
+
+log = logging.getLogger(__name__)
+
+DAV = "{DAV:}"
+CALDAV = "{urn:ietf:params:xml:ns:caldav}"
+MULTIGET_BATCH = 200
+MAX_SYNC_PAGES = 50
+HREF_SAFE = "/@:~!$&'()*+,;="
+
+
+class _Entry(NamedTuple):
+    """One DAV:response of a multistatus answer, as far as gpuresa reads it."""
+
+    path: str | None
+    status: int | None  # the response's own status (404 for a removed member)
+    found: bool  # it has a 200 propstat
+    etag: str | None
+    data: str | None
+    collection: bool
+
+
+class _TokenRefused(Exception):
+    """The server will not sync from this token (expired, unknown, or no RFC 6578)."""
+
+
+@dataclass(frozen=True)
+class _Changes:
+    """What a sync or a listing says: objects to (re)consider by ETag, and removed ones."""
+
+    etags: dict[str, str | None]
+    removed: set[str]
+    token: str | None
+    complete: bool  # a full listing: anything not in `etags` is gone
+
+
+@dataclass(frozen=True)
+class Changes:
+    """What one poll changed in the snapshot, by href."""
+
+    added: frozenset[str] = frozenset()
+    modified: frozenset[str] = frozenset()
+    removed: frozenset[str] = frozenset()
+
+
+class CalDAVSource:
+    """One CalDAV calendar collection, polled incrementally; see the module's docstring."""
+
+    def __init__(
+        self,
+        calendar: CalendarConfig,
+        state_dir: Path | None,
+        *,
+        persist: bool = True,
+        timeout: float = 30.0,
+    ) -> None:
+        self.name = calendar.name
+        self.calendar = calendar
+        self.url = calendar.url if calendar.url.endswith("/") else calendar.url + "/"
+        self.collection_path = unquote(urlsplit(self.url).path).rstrip("/")
+        self.where = shown_url(self.url)  # for messages: no credentials, no query
+        directory = state_dir / "calendars" / calendar.name if state_dir is not None else None
+        self.store = SnapshotStore(directory, persist=persist)
+        self.state: Snapshot = self.store.load(self.url)
+        self.last_success: datetime | None = (
+            self.store.load_success() if self.state.objects else None
+        )
+        self.timeout = timeout
+        self._client: Any = None
+        self.requests = 0
+        self.bytes_received = 0
+        self.last_changes = Changes()
+
+    # --- the interface -----------------------------------------------------------------
+
+    def snapshot(self) -> Mapping[str, bytes]:
+        """The objects of the last successful poll, or of the snapshot loaded from disk."""
+        return {href: stored.data for href, stored in self.state.objects.items()}
+
+    def poll(self, now: datetime | None = None) -> PollResult:
+        """Bring the snapshot up to date with the server; raises `SourceError` on failure.
+
+        `now` is recorded as the time of this success (default: the clock).
+        """
+        from caldav.lib import error as caldav_error
+
+        self.requests = self.bytes_received = 0
+        try:
+            changed = self._poll()
+        except SourceError:
+            raise
+        except caldav_error.AuthorizationError as error:
+            status = getattr(error, "status", None) or "401/403"
+            raise SourceError(
+                f"calendar {self.name}: the server refused access to {self.where} "
+                f"(HTTP {status}); check username and password"
+            ) from None
+        except UserError as error:  # the password file or credential
+            raise SourceError(f"calendar {self.name}: {error}") from None
+        except Exception as error:  # network, TLS, XML, ...: any failure of the server side
+            log.debug("calendar %s: poll failed", self.name, exc_info=True)
+            raise SourceError(
+                f"calendar {self.name}: cannot read {self.where}: {one_line(error)}"
+            ) from None
+        now = now or datetime.now(UTC)
+        self.last_success = now
+        self.store.save_success(now)
+        return PollResult(self.snapshot(), changed, self.requests, self.bytes_received)
+
+    # --- one poll ------------------------------------------------------------------------
+
+    def _poll(self) -> bool:
+        client = self._connect()
+        state = self.state
+        changes: _Changes | None = None
+        if state.sync_token and state.sync_supported is not False:
+            try:
+                changes = self._sync(client, state.sync_token)
+            except _TokenRefused as refusal:
+                log.info(
+                    "calendar %s: the server refused the sync token (%s); comparing a listing",
+                    self.name,
+                    refusal,
+                )
+        if changes is None:
+            changes = self._list(client)
+        objects = dict(state.objects)
+        removed = {href for href in changes.removed if href in objects}
+        if changes.complete:
+            removed |= {href for href in objects if href not in changes.etags}
+        wanted = [
+            href
+            for href, etag in changes.etags.items()
+            if href not in objects or etag is None or objects[href].etag != etag
+        ]
+        fetched = self._fetch(client, wanted) if wanted else {}
+        added: set[str] = set()
+        modified: set[str] = set()
+        for href in removed:
+            del objects[href]
+        for href in wanted:
+            found = fetched.get(href)
+            if found is None:
+                # listed, then gone before it could be fetched
+                if objects.pop(href, None) is not None:
+                    removed.add(href)
+            elif href not in objects:
+                objects[href] = found
+                added.add(href)
+            elif objects[href].data != found.data:
+                objects[href] = found
+                modified.add(href)
+            else:
+                objects[href] = found  # same data, new ETag
+        self.last_changes = Changes(frozenset(added), frozenset(modified), frozenset(removed))
+        changed = bool(added or modified or removed)
+        token_changed = changes.token != state.sync_token
+        state.objects = objects
+        state.sync_token = changes.token
+        if changed or token_changed or wanted:
+            self.store.save(state)
+        log.debug(
+            "calendar %s: %d object(s), %d fetched, %d removed, %d request(s), %d bytes",
+            self.name,
+            len(objects),
+            len(fetched),
+            len(removed),
+            self.requests,
+            self.bytes_received,
+        )
+        return changed
+
+    def _connect(self) -> Any:
+        """The DAV client, made once; it keeps its HTTP connection between polls."""
+        if self._client is None:
+            from caldav.davclient import DAVClient
+
+            password = None
+            if self.calendar.username is not None:
+                password = read_secret(
+                    f"calendars[{self.name}]",
+                    self.calendar.password_file,
+                    self.calendar.password_credential,
+                )
+            client = DAVClient(
+                url=self.url,
+                username=self.calendar.username,
+                password=password,
+                auth_type=self.calendar.auth if self.calendar.username is not None else None,
+                ssl_verify_cert=self.calendar.verify_tls,
+                timeout=int(self.timeout),
+                enable_rfc6764=False,
+            )
+            client.session.hooks["response"].append(self._count)
+            self._client = client
+        return self._client
+
+    def _count(self, response: Any, *args: Any, **kwargs: Any) -> Any:
+        """Session hook: count each response and its bytes (headers and body)."""
+        self.requests += 1
+        headers = sum(len(name) + len(value) + 4 for name, value in response.headers.items())
+        self.bytes_received += headers + len(response.content or b"") + 17
+        return response
+
+    # --- the three requests ------------------------------------------------------------
+
+    def _sync(self, client: Any, token: str) -> _Changes:
+        """Changes since `token`: one sync-collection REPORT (more if the server pages)."""
+        etags: dict[str, str | None] = {}
+        removed: set[str] = set()
+        for _ in range(MAX_SYNC_PAGES):
+            response = self._report_sync(client, token)
+            token_found, truncated = None, False
+            for entry in self._responses(response):
+                if entry.path is None:
+                    continue
+                if entry.path == self.collection_path:
+                    # RFC 6578 3.6: 507 on the collection itself means "more to come"
+                    truncated = truncated or entry.status == 507
+                    continue
+                if entry.status == 404 and not entry.found:
+                    removed.add(entry.path)
+                    etags.pop(entry.path, None)
+                elif entry.found:
+                    etags[entry.path] = entry.etag
+                    removed.discard(entry.path)
+            token_found = response.tree.findtext(f"{DAV}sync-token")
+            if not token_found:
+                raise _TokenRefused("the server sent no new sync token")
+            if not truncated or token_found == token:
+                return _Changes(etags, removed, token_found, complete=False)
+            token = token_found  # a truncated answer: ask again from where it stopped
+        raise _TokenRefused(f"the server paged the changes more than {MAX_SYNC_PAGES} times")
+
+    def _report_sync(self, client: Any, token: str) -> Any:
+        """The sync-collection REPORT; raises `_TokenRefused` when the server will not (a
+        401 is raised as the authentication failure it is)."""
+        from caldav.lib import error as caldav_error
+
+        body = (
+            '<?xml version="1.0" encoding="utf-8"?>'
+            '<d:sync-collection xmlns:d="DAV:">'
+            f"<d:sync-token>{escape(token)}</d:sync-token>"
+            "<d:sync-level>1</d:sync-level>"
+            "<d:prop><d:getetag/></d:prop>"
+            "</d:sync-collection>"
+        )
+        try:
+            response = client.report(self.url, body, depth=0)
+        except caldav_error.AuthorizationError as error:
+            status = getattr(error, "status", None)
+            if status == 401:
+                raise
+            # RFC 6578: 403 with DAV:valid-sync-token for an unknown or expired token
+            raise _TokenRefused(f"HTTP {status or 403}") from None
+        if response.status != 207 or response.tree is None:
+            raise _TokenRefused(f"HTTP {response.status} {response.reason or ''}".rstrip())
+        return response
+
+    def _list(self, client: Any) -> _Changes:
+        """Every object with its ETag: sync-collection from scratch, else a PROPFIND."""
+        if self.state.sync_supported is not False:
+            try:
+                changes = self._sync(client, "")
+            except _TokenRefused as refusal:
+                log.info(
+                    "calendar %s: no sync-collection here (%s); listing with PROPFIND",
+                    self.name,
+                    refusal,
+                )
+                self.state.sync_supported = False
+            else:
+                self.state.sync_supported = True
+                return _Changes(changes.etags, set(), changes.token, complete=True)
+        body = (
+            '<?xml version="1.0" encoding="utf-8"?>'
+            '<d:propfind xmlns:d="DAV:"><d:prop><d:getetag/><d:resourcetype/></d:prop>'
+            "</d:propfind>"
+        )
+        response = client.propfind(self.url, body, depth=1)
+        if response.status != 207 or response.tree is None:
+            raise SourceError(
+                f"calendar {self.name}: listing {self.where} failed "
+                f"(HTTP {response.status} {response.reason})"
+            )
+        etags: dict[str, str | None] = {}
+        for entry in self._responses(response):
+            if entry.path is None or entry.path == self.collection_path or not entry.found:
+                continue
+            if not entry.collection:
+                etags[entry.path] = entry.etag
+        return _Changes(etags, set(), None, complete=True)
+
+    def _fetch(self, client: Any, hrefs: list[str]) -> dict[str, StoredObject]:
+        """The data and ETags of `hrefs`: calendar-multiget REPORTs, in batches."""
+        found: dict[str, StoredObject] = {}
+        for first in range(0, len(hrefs), MULTIGET_BATCH):
+            batch = hrefs[first : first + MULTIGET_BATCH]
+            listed = "".join(
+                f"<d:href>{escape(quote(href, safe=HREF_SAFE))}</d:href>" for href in batch
+            )
+            body = (
+                '<?xml version="1.0" encoding="utf-8"?>'
+                '<c:calendar-multiget xmlns:d="DAV:" xmlns:c="urn:ietf:params:xml:ns:caldav">'
+                "<d:prop><d:getetag/><c:calendar-data/></d:prop>"
+                f"{listed}</c:calendar-multiget>"
+            )
+            response = client.report(self.url, body, depth=1)
+            if response.status != 207 or response.tree is None:
+                raise SourceError(
+                    f"calendar {self.name}: fetching {len(batch)} object(s) failed "
+                    f"(HTTP {response.status} {response.reason})"
+                )
+            for entry in self._responses(response):
+                if entry.path is not None and entry.data is not None:
+                    found[entry.path] = StoredObject(entry.data.encode("utf-8"), entry.etag)
+        return found
+
+    # --- reading multistatus answers ---------------------------------------------------------
+
+    def _responses(self, response: Any) -> Iterator[_Entry]:
+        """Each DAV:response of a multistatus answer, with what its 200 propstat holds."""
+        for element in response.tree.iter(f"{DAV}response"):
+            href_text = element.findtext(f"{DAV}href")
+            found = False
+            etag = data = None
+            collection = False
+            for propstat in element.findall(f"{DAV}propstat"):
+                if _status_code(propstat.findtext(f"{DAV}status")) != 200:
+                    continue
+                found = True
+                prop = propstat.find(f"{DAV}prop")
+                if prop is None:
+                    continue
+                etag_text = prop.findtext(f"{DAV}getetag")
+                if etag_text is not None:
+                    etag = etag_text.strip()
+                data_element = prop.find(f"{CALDAV}calendar-data")
+                if data_element is not None:
+                    data = data_element.text or ""
+                kind = prop.find(f"{DAV}resourcetype")
+                collection = collection or (
+                    kind is not None and kind.find(f"{DAV}collection") is not None
+                )
+            yield _Entry(
+                self._path(href_text) if href_text else None,
+                _status_code(element.findtext(f"{DAV}status")),
+                found,
+                etag,
+                data,
+                collection,
+            )
+
+    def _path(self, href: str) -> str:
+        """An href as a plain path (absolute URL or not, percent-encoded or not)."""
+        return unquote(urlsplit(urljoin(self.url, href.strip())).path).rstrip("/")
+
+
+def _status_code(line: str | None) -> int | None:
+    """`HTTP/1.1 404 Not Found` -> 404."""
+    if not line:
+        return None
+    parts = line.split()
+    if len(parts) >= 2 and parts[1].isdigit():
+        return int(parts[1])
+    return None

@@ -1,0 +1,225 @@
+"""ICS sources: a file, a folder, and an http(s) feed served by a real local HTTP server."""
+
+from __future__ import annotations
+
+import base64
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuresa.config import CalendarConfig, parse_config
+from gpuresa.sources import SourceError, open_source, shown_url
+from gpuresa.sources.ics_source import ICSSource
+
+FEED = (
+    b"BEGIN:VCALENDAR\r\nVERSION:2.0\r\nPRODID:feed\r\nBEGIN:VEVENT\r\nUID:f1\r\n"
+    b"DTSTART:20261201T090000Z\r\nDTEND:20261201T100000Z\r\nSUMMARY:alice\r\n"
+    b"END:VEVENT\r\nEND:VCALENDAR\r\n"
+)
+
+
+def calendar(url: str, **options: Any) -> CalendarConfig:
+    config = parse_config({"calendars": [{"name": "feed", "kind": "ics", "url": url, **options}]})
+    return config.calendars[0]
+
+
+def ics_source(url: str, state: Path | None, **options: Any) -> ICSSource:
+    source = open_source(calendar(url, **options), state)
+    assert isinstance(source, ICSSource)
+    return source
+
+
+# --- files and folders --------------------------------------------------------------------------
+
+
+def test_a_file_is_read_again_only_when_it_changes(tmp_path: Path) -> None:
+    file = tmp_path / "export.ics"
+    file.write_bytes(FEED)
+    source = ics_source(str(file), tmp_path / "state")
+    first = source.poll()
+    assert (dict(first.objects), first.changed, first.bytes_received) == (
+        {"export.ics": FEED},
+        True,
+        len(FEED),
+    )
+    unchanged = source.poll()
+    assert (unchanged.changed, unchanged.bytes_received) == (False, 0)
+    changed_text = FEED.replace(b"alice", b"bob")
+    file.write_bytes(changed_text)
+    os.utime(file, ns=(1, 1))  # a different modification time, whatever the clock
+    changed = source.poll()
+    assert changed.changed
+    assert changed.objects == {"export.ics": changed_text}
+
+
+def test_a_folder_of_files_keyed_by_name(tmp_path: Path) -> None:
+    folder = tmp_path / "calendar"
+    folder.mkdir()
+    (folder / "a.ics").write_bytes(FEED)
+    (folder / "B.ICS").write_bytes(FEED.replace(b"f1", b"f2"))
+    (folder / ".hidden.ics").write_bytes(b"ignored")
+    (folder / "notes.txt").write_bytes(b"ignored")
+    (folder / "sub.ics").mkdir()
+    source = ics_source(str(folder), None)
+    assert set(source.poll().objects) == {"a.ics", "B.ICS"}
+    (folder / "a.ics").unlink()
+    (folder / "c.ics").write_bytes(b"not a calendar, but still an object for the reader")
+    result = source.poll()
+    assert result.changed
+    assert set(result.objects) == {"B.ICS", "c.ics"}
+
+
+def test_a_missing_file_is_a_clear_error_and_the_snapshot_stays(tmp_path: Path) -> None:
+    file = tmp_path / "export.ics"
+    file.write_bytes(FEED)
+    source = ics_source(str(file), tmp_path / "state")
+    source.poll()
+    file.unlink()
+    with pytest.raises(SourceError, match=f"calendar feed: {file}: no such file or folder"):
+        source.poll()
+    assert source.snapshot() == {"export.ics": FEED}
+    # and a restart finds the snapshot on disk
+    assert ics_source(str(file), tmp_path / "state").snapshot() == {"export.ics": FEED}
+
+
+def test_a_file_larger_than_the_limit_is_refused(tmp_path: Path) -> None:
+    file = tmp_path / "huge.ics"
+    file.write_bytes(FEED * 10)
+    source = ICSSource(calendar(str(file)), None, max_bytes=len(FEED))
+    with pytest.raises(SourceError, match="is larger than"):
+        source.poll()
+
+
+# --- feeds --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Feed:
+    """A real HTTP server for one feed, with ETag and Last-Modified, that counts requests."""
+
+    body: bytes = FEED
+    etag: str = '"v1"'
+    status: int = 200
+    password: str | None = None
+    requests: list[dict[str, str]] = field(default_factory=list)
+    server: Any = None
+
+    def start(self) -> None:
+        feed = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                feed.requests.append(dict(self.headers.items()))
+                if feed.password is not None:
+                    expected = base64.b64encode(f"lab:{feed.password}".encode()).decode()
+                    if self.headers.get("Authorization") != f"Basic {expected}":
+                        self.send_response(401)
+                        self.send_header("WWW-Authenticate", 'Basic realm="feed"')
+                        self.send_header("Content-Length", "0")
+                        self.end_headers()
+                        return
+                if feed.status != 200:
+                    self.send_response(feed.status)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                if self.headers.get("If-None-Match") == feed.etag:
+                    self.send_response(304)
+                    self.send_header("ETag", feed.etag)
+                    self.end_headers()
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "text/calendar; charset=utf-8")
+                self.send_header("ETag", feed.etag)
+                self.send_header("Last-Modified", "Sun, 01 Nov 2026 10:00:00 GMT")
+                self.send_header("Content-Length", str(len(feed.body)))
+                self.end_headers()
+                self.wfile.write(feed.body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def url(self, path: str = "/export/lab.ics?key=s3cret-token") -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}{path}"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def feed() -> Iterator[Feed]:
+    served = Feed()
+    served.start()
+    yield served
+    served.stop()
+
+
+def test_a_feed_is_fetched_with_a_conditional_get(feed: Feed, tmp_path: Path) -> None:
+    source = ics_source(feed.url(), tmp_path / "state")
+    first = source.poll()
+    assert (dict(first.objects), first.changed, first.requests) == ({"lab.ics": FEED}, True, 1)
+    unchanged = source.poll()
+    assert (unchanged.changed, unchanged.requests) == (False, 1)
+    assert unchanged.bytes_received < first.bytes_received - len(FEED) + 10
+    assert feed.requests[1]["If-None-Match"] == '"v1"'
+    assert feed.requests[1]["If-Modified-Since"] == "Sun, 01 Nov 2026 10:00:00 GMT"
+    feed.body, feed.etag = FEED.replace(b"alice", b"bob"), '"v2"'
+    changed = source.poll()
+    assert changed.changed
+    assert b"SUMMARY:bob" in changed.objects["lab.ics"]
+    # a restart remembers the ETag: the first request is conditional already
+    restarted = ics_source(feed.url(), tmp_path / "state")
+    assert restarted.snapshot() == changed.objects
+    assert restarted.poll().changed is False
+    assert feed.requests[-1]["If-None-Match"] == '"v2"'
+
+
+def test_feed_errors_are_one_line_and_never_show_the_url_key(feed: Feed, tmp_path: Path) -> None:
+    feed.status = 404
+    source = ics_source(feed.url(), None)
+    with pytest.raises(SourceError) as caught:
+        source.poll()
+    message = str(caught.value)
+    assert message == f"calendar feed: {feed.url('/export/lab.ics')}?… answered HTTP 404 Not Found"
+    assert "s3cret" not in message
+    feed.stop()
+    with pytest.raises(SourceError, match=r"cannot fetch .*Connection refused") as down:
+        source.poll()
+    assert "s3cret" not in str(down.value)
+    feed.start()  # for the fixture's clean-up
+
+
+def test_a_feed_with_basic_authentication(feed: Feed, tmp_path: Path) -> None:
+    feed.password = "feed-password"
+    password_file = tmp_path / "password"
+    password_file.write_text("feed-password\n")
+    source = ics_source(feed.url(), None, username="lab", password_file=str(password_file))
+    assert source.poll().objects == {"lab.ics": FEED}
+    wrong = tmp_path / "wrong"
+    wrong.write_text("nope\n")
+    refused = ics_source(feed.url(), None, username="lab", password_file=str(wrong))
+    with pytest.raises(SourceError, match="answered HTTP 401"):
+        refused.poll()
+
+
+def test_a_feed_larger_than_the_limit_is_refused(feed: Feed) -> None:
+    feed.body = FEED * 100
+    source = ICSSource(calendar(feed.url()), None, max_bytes=len(FEED) * 10)
+    with pytest.raises(SourceError, match="sent more than"):
+        source.poll()
+
+
+def test_shown_url_hides_credentials_and_query() -> None:
+    assert shown_url("https://user:pw@cal.example.org:8443/a/b.ics?key=x") == (
+        "https://cal.example.org:8443/a/b.ics?…"
+    )
