@@ -78,11 +78,16 @@ class Template:
         raise TemplateError(f"template {self.name!r} has no CUDA variant {name!r} (has: {known})")
 
 
+# The templates shipped with gpuresa: in a checkout, a link to the top-level
+# templates/ folder; in an installed package, a copy of it.
+SHIPPED_TEMPLATES = Path(__file__).parent / "templates"
+
+
 def templates_directory(config: Config) -> Path:
     """Where templates live: `[templates] directory`, else the ones shipped with gpuresa."""
     if config.templates.directory is not None:
         return config.templates.directory
-    return Path(__file__).parents[1] / "templates"
+    return SHIPPED_TEMPLATES
 
 
 def read_template(directory: Path) -> Template:

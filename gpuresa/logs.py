@@ -18,7 +18,7 @@ def setup_logging(verbosity: int = 0) -> None:
     reads as the record's level.
     """
     level = LEVELS[max(0, min(len(LEVELS) - 1, 2 + verbosity))]
-    handler = logging.StreamHandler(sys.stderr)
+    handler = CurrentStderrHandler()
     if os.environ.get("JOURNAL_STREAM"):
         handler.setFormatter(JournalFormatter("%(name)s: %(message)s"))
     else:
@@ -47,3 +47,23 @@ class JournalFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         priority = self.PRIORITIES.get(record.levelno, 6)
         return f"<{priority}>{super().format(record)}"
+
+
+class CurrentStderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever `sys.stderr` is when a record is emitted.
+
+    A handler bound to the stream of the moment breaks when that stream is
+    replaced and closed (a test capturing output, a daemonising wrapper).
+    """
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self) -> object:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: object) -> None:
+        # the stream is always the current sys.stderr
+        pass

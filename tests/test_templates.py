@@ -69,7 +69,7 @@ def test_support_folders_are_not_templates_and_the_catalog_agrees() -> None:
     names = [template.name for template in available_templates(config.templates)]
     assert names == ["digits", "pytorch", "tensorflow"]
     assert ACCESS_LAYER not in names and FTP_SIDECAR not in names
-    assert templates_directory(config.templates) == SHIPPED.resolve()
+    assert templates_directory(config.templates).resolve() == SHIPPED.resolve()
     # the bookings' validation view reads the same files
     assert dict(template_variants(config)) == {
         template.name: tuple(variant.name for variant in template.variants)

@@ -43,7 +43,7 @@ def templates_directory(config: TemplatesConfig) -> Path:
     """`templates.directory`, else the templates shipped next to the gpuresa package."""
     if config.directory is not None:
         return config.directory
-    return Path(__file__).resolve().parents[2] / "templates"
+    return catalog.SHIPPED_TEMPLATES
 
 
 def read_template(directory: Path) -> Template:
