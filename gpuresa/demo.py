@@ -65,7 +65,7 @@ class DemoFiles:
         return self.root / "state"
 
 
-def _free_port_block(size: int, start: int) -> int:
+def free_port_block(size: int, start: int) -> int:
     """The first port from `start` up where `size` consecutive ports are free on 127.0.0.1."""
     port = start
     while port + size < 65000:
@@ -109,9 +109,9 @@ def write_demo(root: Path, now: datetime, start_in: timedelta, length: timedelta
     (files.inputs / "README.txt").write_text(
         "This folder is the site's input data, mounted read-only at /data.\n"
     )
-    ssh_first = _free_port_block(10, 42200)
-    ftp_first = _free_port_block(10, ssh_first + 10)
-    passive_first = _free_port_block(40, ftp_first + 10)
+    ssh_first = free_port_block(10, 42200)
+    ftp_first = free_port_block(10, ssh_first + 10)
+    passive_first = free_port_block(40, ftp_first + 10)
     files.config.write_text(
         f"""# Written by `gpuresa demo`; every key is explained in config.example.toml.
 [daemon]

@@ -34,7 +34,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 if [ "$(cat .venv/.gpuresa-stamp 2>/dev/null || true)" != "$(stamp_of)" ]; then
     say "installing gpuresa and its test extras into .venv"
-    .venv/bin/pip install -q -e ".[test]"
+    # this machine's pip configuration warns about every missing local index folder
+    .venv/bin/pip install -q -e ".[test]" 2> >(grep -v '^WARNING: Location' >&2)
     stamp_of > .venv/.gpuresa-stamp
 else
     say ".venv is up to date"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -18,9 +19,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from conftest import BASE_IMAGE, TEST_HOST, DockerHarness, free_port
+from conftest import BASE_IMAGE, TEST_HOST, DockerHarness
 
 from gpuresa.config import load_config
+from gpuresa.demo import free_port_block
 from gpuresa.runtime import Runtime
 
 
@@ -45,29 +47,30 @@ def gpuresa(config: Path, *arguments: str, **options: object) -> subprocess.Comp
     )
 
 
-@pytest.fixture
-def setup(tmp_path: Path, docker_harness: DockerHarness) -> Iterator[Path]:
-    """A config with an ICS folder calendar; yields the config file."""
-    calendar = tmp_path / "calendar"
+def write_ics_config(directory: Path, daemon_extra: str = "") -> Path:
+    """A config with an ICS folder calendar (directory/calendar) and a key for alice.
+
+    `daemon_extra` adds lines to the [daemon] table. Returns the config file.
+    """
+    calendar = directory / "calendar"
     calendar.mkdir()
-    keys = tmp_path / "keys"
+    keys = directory / "keys"
     keys.mkdir()
     subprocess.run(
-        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "key")], check=True
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(directory / "key")], check=True
     )
-    (keys / "alice.pub").write_text((tmp_path / "key.pub").read_text())
-    first = free_port()
-    while first > 64000:
-        first = free_port()
-    config = tmp_path / "config.toml"
+    (keys / "alice.pub").write_text((directory / "key.pub").read_text())
+    first = free_port_block(14, random.randint(40000, 60000))
+    config = directory / "config.toml"
     config.write_text(
         f"""
 [daemon]
 host = "{TEST_HOST}"
-state_dir = "{tmp_path / "state"}"
+state_dir = "{directory / "state"}"
 poll_interval = "1s"
 prepare_ahead = "5s"
 stop_grace = "1s"
+{daemon_extra}
 [[calendars]]
 name = "folder"
 kind = "ics"
@@ -89,13 +92,19 @@ base_image = "{BASE_IMAGE}"
 keys_dir = "{keys}"
 host_authorized_keys = false
 [storage]
-output_root = "{tmp_path / "output"}"
+output_root = "{directory / "output"}"
 [limits]
 shm_size = "64m"
 """
     )
     Runtime(load_config(config)).ensure_image("pytorch", None)
-    yield config
+    return config
+
+
+@pytest.fixture
+def setup(tmp_path: Path, docker_harness: DockerHarness) -> Iterator[Path]:
+    """A config with an ICS folder calendar; yields the config file."""
+    yield write_ics_config(tmp_path)
 
 
 def test_plan_shows_what_would_happen_at_a_given_time(setup: Path) -> None:

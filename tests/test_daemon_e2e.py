@@ -7,6 +7,7 @@ daemon is killed with SIGKILL mid-session, as an admin's worst day would go.
 from __future__ import annotations
 
 import contextlib
+import random
 import signal
 import subprocess
 import sys
@@ -25,10 +26,10 @@ from conftest import (
     DockerHarness,
     RadicaleServer,
     SMTPServer,
-    free_port,
 )
 
 from gpuresa.config import Config, load_config
+from gpuresa.demo import free_port_block
 from gpuresa.journal import Journal
 from gpuresa.model import Session
 from gpuresa.runtime import Runtime
@@ -48,22 +49,8 @@ def wait_for(what: str, predicate: Callable[[], Value | None], timeout: float) -
 
 
 def port_block(size: int) -> int:
-    """The first of `size` consecutive free ports (checked one by one)."""
-    while True:
-        first = free_port()
-        if first + size < 65000 and all(_free(port) for port in range(first, first + size)):
-            return first
-
-
-def _free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+    """The first of `size` consecutive free ports on 127.0.0.1."""
+    return free_port_block(size, random.randint(40000, 60000))
 
 
 @dataclass

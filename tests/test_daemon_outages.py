@@ -13,8 +13,8 @@ from pathlib import Path
 
 import docker
 import pytest
-from conftest import BASE_IMAGE, TEST_HOST, DockerHarness, free_port
-from test_daemon_cli import ics_event
+from conftest import DockerHarness
+from test_daemon_cli import ics_event, write_ics_config
 
 from gpuresa.config import load_config
 from gpuresa.daemon import Daemon
@@ -24,53 +24,10 @@ from gpuresa.runtime import Runtime
 def test_daemon_waits_for_docker_and_starts_the_session_when_it_is_back(
     tmp_path: Path, docker_harness: DockerHarness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    config_file = write_ics_config(tmp_path, 'docker_retry_max = "2s"')
     calendar = tmp_path / "calendar"
-    calendar.mkdir()
-    keys = tmp_path / "keys"
-    keys.mkdir()
-    (keys / "alice.pub").write_text(
-        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHs4Zp2n8m0rXr8m0c2mKqzCZkqk1Qv4cJQy6o0qQy8A alice\n"
-    )
-    first = free_port()
-    while first > 64000:
-        first = free_port()
-    config_file = tmp_path / "config.toml"
-    config_file.write_text(
-        f"""
-[daemon]
-host = "{TEST_HOST}"
-state_dir = "{tmp_path / "state"}"
-poll_interval = "1s"
-docker_retry_max = "2s"
-[[calendars]]
-name = "folder"
-kind = "ics"
-url = "{calendar}"
-host = "{TEST_HOST}"
-default_template = "pytorch"
-[[hosts]]
-name = "{TEST_HOST}"
-gpus = [0]
-gpu_mode = "none"
-bind_address = "127.0.0.1"
-ssh_ports = "{first}-{first + 1}"
-ftp_ports = "{first + 2}-{first + 3}"
-ftp_passive_ports = "{first + 4}-{first + 13}"
-ftp_passive_per_session = 5
-[templates]
-base_image = "{BASE_IMAGE}"
-[users]
-keys_dir = "{keys}"
-host_authorized_keys = false
-[storage]
-output_root = "{tmp_path / "output"}"
-[limits]
-shm_size = "64m"
-"""
-    )
     config = load_config(config_file)
     real = Runtime(config, docker.from_env())
-    real.ensure_image("pytorch", None)
     start = datetime.now(UTC).replace(microsecond=0)
     (calendar / "a.ics").write_text(
         ics_event("outage-1", start, start + timedelta(minutes=30), "alice", "gpus: 1")
