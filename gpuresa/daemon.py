@@ -8,10 +8,13 @@ once.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
+import fcntl
 import logging
 import os
 import signal
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -19,7 +22,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import FrameType
+from typing import IO, TypeVar
 
+from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from gpuresa import systemd
@@ -59,10 +64,68 @@ from gpuresa.runtime import Runtime, RuntimeUnavailable
 log = logging.getLogger(__name__)
 
 # A failed start is retried after these delays (then every last one).
+# A start notice that could not be sent is tried again after this long.
+NOTICE_RETRY = timedelta(minutes=5)
+
 # With no poll or action finished for this long, the daemon counts as stuck.
 STUCK_AFTER = timedelta(minutes=30)
 
 RETRY_DELAYS = (timedelta(seconds=15), timedelta(seconds=60), timedelta(minutes=5))
+
+
+class GuardedJournal(Journal):
+    """The journal, with writes that log their failure instead of raising.
+
+    A full disk or a broken database must not keep sessions running past their
+    end: the daemon acts on Docker first and records what it can. A notice whose
+    claim cannot be recorded is sent (twice is better than never).
+    """
+
+    def set_state(self, key: str, state: str, now: datetime, detail: str = "") -> bool:
+        return _best_effort(
+            lambda: super(GuardedJournal, self).set_state(key, state, now, detail), False
+        )
+
+    def record_action(
+        self, key: str, action: str, now: datetime, result: str, error: str | None = None
+    ) -> None:
+        _best_effort(
+            lambda: super(GuardedJournal, self).record_action(key, action, now, result, error),
+            None,
+        )
+
+    def mark_notified(self, key: str, kind: str, now: datetime) -> bool:
+        return _best_effort(lambda: super(GuardedJournal, self).mark_notified(key, kind, now), True)
+
+    def unmark_notified(self, key: str, kind: str) -> None:
+        _best_effort(lambda: super(GuardedJournal, self).unmark_notified(key, kind), None)
+
+    def set_meta(self, name: str, value: str) -> None:
+        _best_effort(lambda: super(GuardedJournal, self).set_meta(name, value), None)
+
+    def delete_meta(self, name: str) -> None:
+        _best_effort(lambda: super(GuardedJournal, self).delete_meta(name), None)
+
+    def record_calendar(
+        self, name: str, last_success: datetime | None, last_error: str | None, now: datetime
+    ) -> None:
+        _best_effort(
+            lambda: super(GuardedJournal, self).record_calendar(
+                name, last_success, last_error, now
+            ),
+            None,
+        )
+
+
+Result = TypeVar("Result")
+
+
+def _best_effort(call: Callable[[], Result], fallback: Result) -> Result:
+    try:
+        return call()
+    except sqlite3.Error as error:
+        log.error("journal write failed (%s); going on without it", error)
+        return fallback
 
 
 def utc_now() -> datetime:
@@ -82,7 +145,7 @@ class Remembered:
     cancel_notified: set[str] = field(default_factory=set)
     retry_after: dict[str, datetime] = field(default_factory=dict)
     attempts: dict[str, int] = field(default_factory=dict)
-    failed: set[str] = field(default_factory=set)
+    notice_retry_after: dict[str, datetime] = field(default_factory=dict)
 
 
 class Daemon:
@@ -101,7 +164,7 @@ class Daemon:
         self.runtime = runtime or Runtime(config)
         self.calendars = Calendars(config)
         self.notifier = Notifier(config.notify, config.users)
-        self.journal = Journal(journal_path(config))
+        self.journal: Journal = GuardedJournal(journal_path(config))
         self.on_start = on_start
         self.lock = threading.RLock()
         self.reservations: list[Reservation] = []
@@ -115,6 +178,7 @@ class Daemon:
         # monotonic time of the last sign of progress (a poll or an action), for the watchdog
         self.heartbeat = time.monotonic()
         self.reload_requested = threading.Event()
+        self.lock_file: IO[str] | None = None
         # set by the signal handlers, so the main loop acts at once rather than at its next beat
         self.wake = threading.Event()
 
@@ -139,14 +203,31 @@ class Daemon:
                     break
                 if self.reload_requested.is_set():
                     self.reload_requested.clear()
-                    self.reload()
+                    # in a job: the main thread must keep feeding the watchdog while a
+                    # long reconcile holds the lock the reload needs
+                    self.scheduler.add_job(self.reload, id="reload", replace_existing=True)
                 self._feed_watchdog()
         finally:
             systemd.stopping()
             self.shutdown()
 
     def start(self) -> None:
-        """Load the last calendar snapshot, adopt running sessions, start the jobs."""
+        """Take the state directory's lock, then start the poll; sessions are adopted there.
+
+        Raises `UserError` when another daemon already uses the state directory:
+        two daemons would start the same sessions and remove each other's.
+        """
+        lock_path = self.config.daemon.state_dir / "daemon.lock"
+        self.lock_file = lock_path.open("a+")
+        try:
+            fcntl.flock(self.lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.lock_file.close()
+            other = self.journal.get_meta("daemon_pid") or "?"
+            raise UserError(
+                f"another gpuresa daemon (pid {other}) uses {self.config.daemon.state_dir}; "
+                "stop it first (systemctl stop gpuresa)"
+            ) from None
         self.journal.set_meta("daemon_pid", str(os.getpid()))
         self.scheduler.add_job(
             self.poll,
@@ -173,6 +254,8 @@ class Daemon:
         self.scheduler.shutdown(wait=False)
         with self.lock:
             self.journal.close()
+        if self.lock_file is not None:
+            self.lock_file.close()  # releases the state directory's lock
 
     def _on_stop_signal(self, number: int, frame: FrameType | None) -> None:
         log.info("received %s", signal.Signals(number).name)
@@ -287,8 +370,9 @@ class Daemon:
             now = self.clock()
             try:
                 sessions = self.runtime.list_sessions()
-                if self.inventory is None:
-                    self.inventory = Inventory(self.config.host(), self.runtime.host_gpus())
+                # every round: with gpus = "auto", a driver that was not ready at boot is
+                # seen once it is (the runtime caches what nvidia-smi says)
+                self.inventory = Inventory(self.config.host(), self.runtime.host_gpus())
             except RuntimeUnavailable as error:
                 self._docker_down(error)
                 return
@@ -298,12 +382,22 @@ class Daemon:
             if actions:
                 log.debug("reconcile (%s): %s", reason, [action.describe() for action in actions])
             by_key = {session.key: session for session in sessions}
+            stop_failed = False
             for action in actions:
+                if self.stopping.is_set():
+                    return
+                if stop_failed and isinstance(action, (Start, Recreate, Prepare)):
+                    # a session that would not stop may still hold the GPUs and ports
+                    # this one was given; the next round plans with what really runs
+                    log.warning("%s: postponed, a stop failed in this round", action.key)
+                    continue
                 try:
-                    self._apply(action, by_key.get(action.key), now)
+                    done = self._apply(action, by_key.get(action.key), now)
                 except RuntimeUnavailable as error:
                     self._docker_down(error)
                     return
+                stop_failed = stop_failed or (isinstance(action, Stop) and not done)
+            self._owed_start_notices(sessions)
             # what the actions changed moves the next wakeups (a stop, a new end)
             sessions = self._sessions_or(sessions)
             self._schedule(
@@ -346,7 +440,9 @@ class Daemon:
         wanted = {f"wake-{instant.isoformat()}": instant for instant in instants[:200]}
         for job in self.scheduler.get_jobs():
             if job.id.startswith("wake-") and job.id not in wanted:
-                job.remove()
+                # it may have fired (and gone) between the listing and now
+                with contextlib.suppress(JobLookupError):
+                    job.remove()
         existing = {job.id for job in self.scheduler.get_jobs()}
         for job_id, instant in wanted.items():
             if job_id not in existing:
@@ -370,6 +466,10 @@ class Daemon:
             if key in wanted or key not in {session.key for session in sessions}:
                 del remembered.missing_since[key]
                 self.journal.delete_meta(f"missing:{key}")
+        for key in remembered.cancel_notified & wanted:
+            # the booking came back: a later cancellation gets its own notice
+            remembered.cancel_notified.discard(key)
+            self.journal.unmark_notified(key, "cancel")
         known = frozenset(self.journal.states()) | frozenset(wanted)
         return Memory(
             missing_since=dict(remembered.missing_since),
@@ -377,7 +477,6 @@ class Daemon:
             warnings_sent=frozenset(remembered.warnings_sent),
             cancel_notified=frozenset(remembered.cancel_notified),
             retry_after=dict(remembered.retry_after),
-            failed=frozenset(remembered.failed),
         )
 
     def _load_missing_since(self) -> None:
@@ -388,7 +487,8 @@ class Daemon:
 
     # --- carrying actions out -----------------------------------------------------------
 
-    def _apply(self, action: Action, session: Session | None, now: datetime) -> None:
+    def _apply(self, action: Action, session: Session | None, now: datetime) -> bool:
+        """Carry one action out; returns whether it succeeded (failures are logged)."""
         key = action.key
         self.heartbeat = time.monotonic()
         log.info("%s", action.describe())
@@ -423,8 +523,9 @@ class Daemon:
             self.journal.record_action(key, action.describe(), now, "failed", str(error))
             if isinstance(action, (Start, Recreate, Prepare)):
                 self._retry_later(action, str(error), now)
-        else:
-            self.journal.record_action(key, action.describe(), now, "ok")
+            return False
+        self.journal.record_action(key, action.describe(), now, "ok")
+        return True
 
     def _start(self, action: Start | Recreate, now: datetime) -> None:
         spec = action.spec
@@ -438,15 +539,48 @@ class Daemon:
         self.journal.set_state(key, "running", self.clock(), f"ssh port {session.ssh_port}")
         self.remembered.attempts.pop(key, None)
         self.remembered.retry_after.pop(key, None)
-        host = self.config.host()
-        public = host.public_name or host.name
         if self.on_start is not None:
-            self.on_start(session, public)
-        if self.journal.mark_notified(key, "start", now):
-            address = self.notifier.address_for(session.user, spec.email)
-            if address:
-                subject, body = start_message(session, public, self.config.reservations.timezone)
-                self._mail(key, address, subject, body)
+            self.on_start(session, self._public_host())
+        if isinstance(action, Recreate):
+            # new containers, new FTP password: the user needs the new details
+            self.journal.unmark_notified(key, "start")
+        self._start_notice(session, spec.email)
+
+    def _public_host(self) -> str:
+        host = self.config.host()
+        return host.public_name or host.name
+
+    def _start_notice(self, session: Session, email: str | None) -> None:
+        """The start e-mail (SSH line, FTP details), once; retried later if sending fails."""
+        key = session.key
+        address = self.notifier.address_for(session.user, email or session.email)
+        if address is None:
+            return
+        subject, body = start_message(
+            session, self._public_host(), self.config.reservations.timezone
+        )
+        self._notice(key, "start", address, subject, body)
+
+    def _owed_start_notices(self, sessions: list[Session]) -> None:
+        """Finish starts a restart interrupted: journal the running state, send the notice.
+
+        Covers a daemon killed between starting the containers and e-mailing the
+        user, and a start e-mail whose sending failed (retried every few minutes).
+        """
+        wanted = {reservation.key: reservation for reservation in self.reservations}
+        now = self.clock()
+        for session in sessions:
+            reservation = wanted.get(session.key)
+            if session.state != "running" or reservation is None:
+                continue
+            if "start" in self.journal.notified(session.key):
+                continue
+            if now < self.remembered.notice_retry_after.get(session.key, now):
+                continue
+            self.remembered.notice_retry_after[session.key] = now + NOTICE_RETRY
+            if self.journal.state(session.key) in (None, "booked", "preparing", "failed"):
+                self.journal.set_state(session.key, "running", now, "adopted")
+            self._start_notice(session, reservation.email)
 
     def _retry_later(self, action: Action, error: str, now: datetime) -> None:
         key = action.key
@@ -465,22 +599,31 @@ class Daemon:
         key = action.key
         self.journal.set_state(key, "stopping", now, action.reason)
         self.runtime.stop(key, action.grace)
-        final = {"ended": "ended", "cancelled": "cancelled", "orphan": "removed"}[action.reason]
+        final = {
+            "ended": "ended",
+            "cancelled": "cancelled",
+            "orphan": "removed",
+            # a prepared session that no longer fits its booking: prepared again later
+            "replan": "booked",
+        }[action.reason]
         self.journal.set_state(key, final, self.clock(), action.reason)
         self.remembered.missing_since.pop(key, None)
         self.journal.delete_meta(f"missing:{key}")
         if session is None or session.state == "created" or action.reason == "orphan":
             return
-        if self.journal.mark_notified(key, "end", now):
-            address = self.notifier.address_for(session.user, session.email)
-            if address:
-                subject, body = end_message(
-                    session, session.output_dir, self.config.reservations.timezone
-                )
-                self._mail(key, address, subject, body)
+        address = self.notifier.address_for(session.user, session.email)
+        if address:
+            subject, body = end_message(
+                session, session.output_dir, self.config.reservations.timezone
+            )
+            self._notice(key, "end", address, subject, body)
 
     def _fail(self, action: Fail, now: datetime) -> None:
-        self.remembered.failed.add(action.key)
+        # GPUs or ports may free up (a cancelled session ends, an ad-hoc one stops)
+        attempts = self.remembered.attempts.get(action.key, 0) + 1
+        self.remembered.attempts[action.key] = attempts
+        delay = RETRY_DELAYS[min(attempts, len(RETRY_DELAYS)) - 1]
+        self.remembered.retry_after[action.key] = now + delay
         self.journal.set_state(action.key, "failed", now, action.reason)
         log.error("%s: cannot be served: %s", action.key, action.reason)
         if self.journal.mark_notified(action.key, "failed", now):
@@ -517,11 +660,10 @@ class Daemon:
         self.runtime.message(
             action.key, wall_text(action.stop_at - self.clock(), action.stop_at, timezone)
         )
-        if self.journal.mark_notified(action.key, "cancel", self.clock()):
-            address = self.notifier.address_for(session.user, session.email)
-            if address:
-                subject, body = cancel_message(session, action.stop_at, timezone)
-                self._mail(action.key, address, subject, body)
+        address = self.notifier.address_for(session.user, session.email)
+        if address:
+            subject, body = cancel_message(session, action.stop_at, timezone)
+            self._notice(action.key, "cancel", address, subject, body)
 
     def _mail_failure(
         self, key: str, user: str, email: str | None, subject: str, body: str
@@ -533,12 +675,21 @@ class Daemon:
         elif self.config.notify.admin:
             self._mail(key, self.config.notify.admin, subject, body)
 
+    def _notice(self, key: str, kind: str, address: str, subject: str, body: str) -> None:
+        """Send a notice once per (key, kind); a failed send leaves it to be sent again."""
+        if not self.journal.mark_notified(key, kind, self.clock()):
+            return
+        if not self._mail(key, address, subject, body):
+            self.journal.unmark_notified(key, kind)
+
     def _mail(
         self, key: str, address: str, subject: str, body: str, *, copy_admin: bool = False
-    ) -> None:
+    ) -> bool:
         """Send one e-mail; a failure is logged and journaled, never raised."""
         try:
             self.notifier.send(address, subject, body, copy_admin=copy_admin, key=key)
         except NotifyError as error:
             log.error("%s: e-mail to %s failed: %s", key, address, error)
             self.journal.record_action(key, f"mail {subject!r}", self.clock(), "failed", str(error))
+            return False
+        return True

@@ -38,8 +38,8 @@ class Memory:
         (warn the user) from an orphan (nobody to warn);
     warnings_sent: (key, seconds before the end) pairs already sent;
     cancel_notified: keys whose user was already told of the cancellation;
-    retry_after: keys whose start failed, not to be retried before that time;
-    failed: keys whose reservation cannot be served (reported once).
+    retry_after: keys whose start failed or could not be served, not to be
+        tried again before that time.
     """
 
     missing_since: Mapping[str, datetime] = field(default_factory=dict)
@@ -47,7 +47,6 @@ class Memory:
     warnings_sent: frozenset[tuple[str, int]] = frozenset()
     cancel_notified: frozenset[str] = frozenset()
     retry_after: Mapping[str, datetime] = field(default_factory=dict)
-    failed: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -177,30 +176,36 @@ def plan(
 
     holdings: list[Holding] = []
     taken_ports: list[Ports] = []
-    stopping: set[str] = set()
+    # prepared sessions whose booking changed under them: removed and prepared anew
+    replanned: set[str] = set()
+    prepared: list[tuple[Session, Reservation]] = []
 
     for key, session in existing.items():
         reservation = wanted.get(key)
+        # ports stay bound until the containers are gone, whatever happens this round
+        taken_ports.append(_ports_of(session))
         stop = _stop_for(session, reservation, now, config, memory)
         if stop is not None:
             actions.append(stop)
-            stopping.add(key)
-            # ports stay bound until the containers are gone, after this round
-            taken_ports.append(_ports_of(session))
             continue
-        end = reservation.end if reservation is not None else session.end
-        holdings.append(Holding(key, session.gpus, _ports_of(session), session.start, end))
-        taken_ports.append(_ports_of(session))
         if reservation is None:
+            # a missing booking keeps its GPUs only until its grace period ends
+            end = session.end
+            if not key.startswith(AD_HOC_PREFIX):
+                end = min(end, _missing_deadline(session, now, config, memory))
+            holdings.append(Holding(key, session.gpus, _ports_of(session), session.start, end))
             actions.extend(_missing_notices(session, now, config, memory))
             continue
+        if session.state == "created":
+            prepared.append((session, reservation))
+            continue
+        holdings.append(
+            Holding(key, session.gpus, _ports_of(session), session.start, reservation.end)
+        )
         if reservation.end != session.end:
             actions.append(Extend(key, end=reservation.end))
         spec = _spec_from_session(session, reservation)
-        if session.state == "created" and now >= reservation.start:
-            if _may_try(key, now, memory):
-                actions.append(Start(key, spec=spec))
-        elif session.state == "stopped" and now >= reservation.start:
+        if session.state == "stopped" and now >= reservation.start:
             if _may_try(key, now, memory):
                 actions.append(Recreate(key, spec=spec))
         elif session.state == "running":
@@ -208,14 +213,29 @@ def plan(
             if warning is not None:
                 actions.append(Warn(key, before=warning, end=reservation.end))
 
+    # prepared sessions last, so they are checked against every session that runs
+    for session, reservation in prepared:
+        key = session.key
+        if _prepared_differs(session, reservation, inventory, now, config, holdings):
+            actions.append(Stop(key, reason="replan", grace=timedelta(0)))
+            replanned.add(key)
+            continue
+        holdings.append(
+            Holding(key, session.gpus, _ports_of(session), reservation.start, reservation.end)
+        )
+        if reservation.end != session.end:
+            actions.append(Extend(key, end=reservation.end))
+        if now >= reservation.start and _may_try(key, now, memory):
+            actions.append(Start(key, spec=_spec_from_session(session, reservation)))
+
     # new sessions, earliest first so an earlier booking gets its GPUs first
     for reservation in sorted(wanted.values(), key=lambda item: (item.start, item.key)):
         key = reservation.key
-        if key in existing or now >= reservation.end:
+        if (key in existing and key not in replanned) or now >= reservation.end:
             continue
         if now < reservation.start - daemon.prepare_ahead:
             continue
-        if key in memory.failed or not _may_try(key, now, memory):
+        if not _may_try(key, now, memory):
             continue
         spec_or_reason = _allocate(reservation, inventory, holdings, taken_ports)
         if isinstance(spec_or_reason, str):
@@ -232,6 +252,36 @@ def plan(
             Start(key, spec=spec) if now >= reservation.start else Prepare(key, spec=spec)
         )
     return sorted(actions, key=lambda action: (action.order, action.key))
+
+
+def _prepared_differs(
+    session: Session,
+    reservation: Reservation,
+    inventory: Inventory,
+    now: datetime,
+    config: Config,
+    holdings: list[Holding],
+) -> bool:
+    """Whether a prepared (not started) session no longer fits its booking.
+
+    The booking changed user, template, CUDA variant or GPU count; it moved out
+    of the prepare window; or a running session was extended over its GPUs.
+    """
+    if (session.user, session.template, session.cuda) != (
+        reservation.user,
+        reservation.template,
+        reservation.cuda,
+    ):
+        return True
+    if inventory.host.gpu_mode != "none" and len(session.gpus) != reservation.gpus:
+        return True
+    if now < reservation.start - config.daemon.prepare_ahead:
+        return True
+    for holding in holdings:
+        overlaps = holding.start < reservation.end and reservation.start < holding.end
+        if overlaps and set(holding.gpus) & set(session.gpus):
+            return True
+    return False
 
 
 def _stop_for(
@@ -276,6 +326,10 @@ def _missing_notices(
     if session.key.startswith(AD_HOC_PREFIX) or session.key not in memory.known:
         return []
     if session.key in memory.cancel_notified or session.state != "running":
+        return []
+    since = memory.missing_since.get(session.key, now)
+    if now - since < config.daemon.poll_interval:
+        # one poll without the booking may be a bad read; wait for the next to confirm
         return []
     deadline = min(_missing_deadline(session, now, config, memory), session.end)
     return [NotifyCancel(session.key, stop_at=deadline)]

@@ -6,6 +6,7 @@ first; making it a link to the real socket is the engine "coming back".
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from datetime import UTC, datetime, timedelta
@@ -13,11 +14,13 @@ from pathlib import Path
 
 import docker
 import pytest
-from conftest import DockerHarness
+from conftest import DockerHarness, SMTPServer, free_port
 from test_daemon_cli import ics_event, write_ics_config
 
 from gpuresa.config import load_config
 from gpuresa.daemon import Daemon
+from gpuresa.errors import UserError
+from gpuresa.notify import Notifier
 from gpuresa.runtime import Runtime
 
 
@@ -56,5 +59,56 @@ def test_daemon_waits_for_docker_and_starts_the_session_when_it_is_back(
         ]
         assert daemon.journal.state("outage-1") == "running"
         assert daemon.docker_backoff == timedelta(seconds=1)
+    finally:
+        daemon.shutdown()
+
+
+def test_a_second_daemon_on_the_same_state_directory_is_refused(tmp_path: Path) -> None:
+    config = load_config(write_ics_config(tmp_path))
+    first = Daemon(config)
+    first.start()
+    try:
+        second = Daemon(config)
+        with pytest.raises(UserError, match="another gpuresa daemon"):
+            second.start()
+    finally:
+        first.shutdown()
+
+
+def test_a_start_notice_that_could_not_be_sent_is_sent_later(
+    tmp_path: Path, docker_harness: DockerHarness, smtp_server: SMTPServer
+) -> None:
+    closed_port = free_port()
+    config_file = write_ics_config(tmp_path)
+    text = config_file.read_text() + (
+        f'[notify]\nenabled = true\nsmtp_host = "127.0.0.1"\nsmtp_port = {closed_port}\n'
+        'timeout = "2s"\n[users.emails]\nalice = "alice@example.org"\n'
+    )
+    text = text.replace("[users]\n", "[users]\n", 1)
+    config_file.write_text(text)
+    config = load_config(config_file)
+    start = datetime.now(UTC).replace(microsecond=0)
+    (tmp_path / "calendar" / "a.ics").write_text(
+        ics_event("notice-1", start, start + timedelta(minutes=30), "alice", "gpus: 1")
+    )
+    daemon = Daemon(config)
+    daemon.start()
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and daemon.journal.state("notice-1") != "running":
+            time.sleep(0.2)
+        assert daemon.journal.state("notice-1") == "running"
+        time.sleep(1)
+        # the SMTP server was unreachable: the notice is not counted as sent
+        assert "start" not in daemon.journal.notified("notice-1")
+        # the server is back; the next round after the retry delay sends it
+        with daemon.lock:
+            daemon.notifier = Notifier(
+                dataclasses.replace(config.notify, smtp_port=smtp_server.port), config.users
+            )
+            daemon.remembered.notice_retry_after.clear()
+        messages = smtp_server.wait_for(1, timeout=20)
+        assert "ready" in str(messages[0]["Subject"])
+        assert "start" in daemon.journal.notified("notice-1")
     finally:
         daemon.shutdown()

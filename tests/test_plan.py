@@ -210,13 +210,16 @@ def test_shortened_booking_warns_and_stops_at_the_new_end() -> None:
 def test_cancelled_booking_is_warned_then_stopped_after_its_grace() -> None:
     reservation = booking("a")
     session = running(reservation)
-    now = T0 + timedelta(minutes=30)
-    memory = Memory(missing_since={"a": now}, known=frozenset({"a"}))
+    gone = T0 + timedelta(minutes=30)
+    memory = Memory(missing_since={"a": gone}, known=frozenset({"a"}))
+    # a single poll without the booking may be a bad read: no notice yet
+    assert plan([], [session], INVENTORY, gone, CONFIG, memory) == []
+    now = gone + CONFIG.daemon.poll_interval
     actions = plan([], [session], INVENTORY, now, CONFIG, memory)
-    assert actions == [NotifyCancel("a", stop_at=now + 5 * MINUTE)]
+    assert actions == [NotifyCancel("a", stop_at=gone + 5 * MINUTE)]
     told = dataclasses.replace(memory, cancel_notified=frozenset({"a"}))
-    assert plan([], [session], INVENTORY, now + 4 * MINUTE, CONFIG, told) == []
-    actions = plan([], [session], INVENTORY, now + 5 * MINUTE, CONFIG, told)
+    assert plan([], [session], INVENTORY, gone + 4 * MINUTE, CONFIG, told) == []
+    actions = plan([], [session], INVENTORY, gone + 5 * MINUTE, CONFIG, told)
     assert actions == [Stop("a", reason="cancelled", grace=timedelta(seconds=30))]
 
 
@@ -291,7 +294,67 @@ def test_failed_and_backed_off_keys_are_not_retried_early() -> None:
     assert kinds(plan([reservation], [], INVENTORY, T0 + MINUTE, CONFIG, memory)) == [
         ("Start", "a")
     ]
-    assert plan([reservation], [], INVENTORY, T0, CONFIG, Memory(failed=frozenset({"a"}))) == []
+
+
+def test_prepared_session_whose_gpus_an_extension_took_is_prepared_anew() -> None:
+    running_booking = booking("a", start=T0 - timedelta(hours=2), hours=2, gpus=1)
+    extended = dataclasses.replace(running_booking, end=T0 + timedelta(minutes=30))
+    following = booking("b", gpus=1)
+    prepared = dataclasses.replace(running(following, gpus=(0,), port=20001), state="created")
+    actions = plan(
+        [extended, following],
+        [running(running_booking, gpus=(0,)), prepared],
+        INVENTORY,
+        T0,
+        CONFIG,
+    )
+    assert kinds(actions) == [("Stop", "b"), ("Start", "b"), ("Extend", "a")]
+    stop, start = actions[0], actions[1]
+    assert isinstance(stop, Stop) and stop.reason == "replan"
+    assert isinstance(start, Start) and start.spec is not None
+    assert start.spec.gpus == (1,)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"template": "tensorflow"},
+        {"user": "bob"},
+        {"gpus": 2},
+        {"start": T0 + timedelta(hours=3)},
+    ],
+)
+def test_prepared_session_of_a_changed_booking_is_prepared_anew(change: dict[str, object]) -> None:
+    original = booking("a")
+    prepared = dataclasses.replace(running(original), state="created")
+    changed = dataclasses.replace(original, **change)  # type: ignore[arg-type]
+    if "start" in change:
+        changed = dataclasses.replace(changed, end=changed.start + timedelta(hours=1))
+    actions = plan([changed], [prepared], INVENTORY, T0 - MINUTE, CONFIG)
+    assert isinstance(actions[0], Stop) and actions[0].reason == "replan"
+    moved_away = "start" in change
+    assert kinds(actions[1:]) == ([] if moved_away else [("Prepare", "a")])
+
+
+def test_a_cancelled_session_holds_its_gpus_only_until_its_grace_ends() -> None:
+    cancelled = running(booking("a", gpus=4), gpus=(0, 1, 2, 3))
+    memory = Memory(missing_since={"a": T0}, known=frozenset({"a"}), cancel_notified=frozenset("a"))
+    later = booking("b", start=T0 + 10 * MINUTE, gpus=4)
+    actions = plan([later], [cancelled], INVENTORY, T0 + 6 * MINUTE, CONFIG, memory)
+    assert kinds(actions) == [("Stop", "a"), ("Prepare", "b")]
+
+
+def test_unservable_booking_is_retried_after_its_back_off() -> None:
+    blocker = running(booking("adhoc-1", gpus=4), gpus=(0, 1, 2, 3))
+    wanted = booking("b", gpus=1)
+    actions = plan([wanted], [blocker], INVENTORY, T0, CONFIG)
+    assert kinds(actions) == [("Fail", "b")]
+    memory = Memory(retry_after={"b": T0 + MINUTE})
+    assert (
+        plan([wanted], [blocker], INVENTORY, T0 + 30 * timedelta(seconds=1), CONFIG, memory) == []
+    )
+    freed = plan([wanted], [], INVENTORY, T0 + MINUTE, CONFIG, memory)
+    assert kinds(freed) == [("Start", "b")]
 
 
 def test_other_hosts_bookings_are_ignored() -> None:
