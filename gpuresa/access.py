@@ -7,11 +7,15 @@ or no key is refused with a reason and leaves nothing behind.
 
 from __future__ import annotations
 
+import errno
+import functools
 import hashlib
 import logging
+import os
 import pwd
 import re
 import secrets
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +44,8 @@ STABLE_UID_SPAN = 10000
 # the highest uid a container may use: a remapped range has 65536 ids, the last
 # two are traditionally nobody/nogroup
 HIGHEST_CONTAINER_UID = 65533
+# the largest key file read (a few hundred keys); a bigger one is refused
+MAX_KEY_FILE_SIZE = 256 * 1024
 # the lowest host uid taken over as a container uid (lower ones are system accounts)
 LOWEST_HOST_UID = 1000
 
@@ -106,19 +112,106 @@ def _key_lines(text: str) -> list[str]:
     return lines
 
 
+def _key_readers(
+    login: str,
+    users: UsersConfig,
+    account_of: Callable[[str], Account | None],
+) -> list[tuple[Path, Callable[[], str]]]:
+    """The files that may hold `login`'s keys, each with how to read it safely."""
+    check_login(login)
+    readers: list[tuple[Path, Callable[[], str]]] = [
+        (source, functools.partial(_read_site_key_file, source))
+        for source in (users.keys_dir / f"{login}.pub", users.keys_dir / login / "authorized_keys")
+    ]
+    if users.host_authorized_keys:
+        account = account_of(login)
+        if account is not None:
+            source = account.home / ".ssh" / "authorized_keys"
+            reader = functools.partial(_read_user_key_file, account.home, account.uid)
+            readers.append((source, reader))
+    return readers
+
+
 def key_sources(
     login: str,
     users: UsersConfig,
     account_of: Callable[[str], Account | None] = host_account,
 ) -> list[Path]:
     """The files that may hold `login`'s public keys, in the order they are tried."""
-    check_login(login)
-    sources = [users.keys_dir / f"{login}.pub", users.keys_dir / login / "authorized_keys"]
-    if users.host_authorized_keys:
-        account = account_of(login)
-        if account is not None:
-            sources.append(account.home / ".ssh" / "authorized_keys")
-    return sources
+    return [source for source, _ in _key_readers(login, users, account_of)]
+
+
+class UnsafeKeyFile(OSError):
+    """A key file gpuresa refuses to read: not a regular file, too big, or not its user's."""
+
+
+def _read_capped(descriptor: int, source: Path) -> str:
+    """The text of the open regular file `descriptor`; raises `UnsafeKeyFile` past the cap."""
+    details = os.fstat(descriptor)
+    if not stat.S_ISREG(details.st_mode):
+        raise UnsafeKeyFile(f"{source} is not a regular file")
+    if details.st_size > MAX_KEY_FILE_SIZE:
+        raise UnsafeKeyFile(f"{source} is larger than {MAX_KEY_FILE_SIZE} bytes")
+    chunks = []
+    size = 0
+    # the file may grow after fstat: read no more than the cap, plus one byte to notice
+    while size <= MAX_KEY_FILE_SIZE:
+        chunk = os.read(descriptor, MAX_KEY_FILE_SIZE + 1 - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    if size > MAX_KEY_FILE_SIZE:
+        raise UnsafeKeyFile(f"{source} is larger than {MAX_KEY_FILE_SIZE} bytes")
+    return b"".join(chunks).decode("utf-8", errors="replace")
+
+
+def _read_site_key_file(source: Path) -> str:
+    """A key file of the site's keys_dir (the admin's: links are followed).
+
+    Raises `FileNotFoundError` when it is not there, `UnsafeKeyFile` when it is
+    not a regular file or too big, `OSError` when it cannot be read.
+    """
+    # O_NONBLOCK: opening a FIFO must not wait for a writer
+    descriptor = os.open(source, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        return _read_capped(descriptor, source)
+    finally:
+        os.close(descriptor)
+
+
+def _read_user_key_file(home: Path, owner: int) -> str:
+    """`<home>/.ssh/authorized_keys` as the account whose uid is `owner` left it.
+
+    Read by root from a folder the user controls, so no link is followed below
+    `home` (neither `.ssh` nor the file), a FIFO or device is refused without
+    waiting, the size is capped, and the file must be the user's (or root's,
+    when it has no other name a user could have linked it from). Raises
+    `FileNotFoundError` when it is not there, `UnsafeKeyFile` when it is
+    refused, `OSError` when it cannot be read.
+    """
+    source = home / ".ssh" / "authorized_keys"
+    no_follow = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    opened: list[int] = []
+    try:
+        try:
+            opened.append(os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+            opened.append(os.open(".ssh", no_follow | os.O_DIRECTORY, dir_fd=opened[-1]))
+            opened.append(os.open("authorized_keys", no_follow, dir_fd=opened[-1]))
+        except OSError as error:
+            if error.errno in (errno.ELOOP, errno.ENOTDIR):
+                # O_NOFOLLOW met a link (or a folder was a link or a file)
+                raise UnsafeKeyFile(
+                    f"{source}: a symbolic link (or a file where a folder belongs) is in its way"
+                ) from None
+            raise
+        details = os.fstat(opened[-1])
+        if details.st_uid != owner and not (details.st_uid == 0 and details.st_nlink == 1):
+            raise UnsafeKeyFile(f"{source} belongs to uid {details.st_uid}, not to the user")
+        return _read_capped(opened[-1], source)
+    finally:
+        for descriptor in opened:
+            os.close(descriptor)
 
 
 def authorized_keys(
@@ -132,15 +225,23 @@ def authorized_keys(
     accounts (the password database unless a test gives another). Read from
     `<keys_dir>/<login>.pub`, else `<keys_dir>/<login>/authorized_keys`, else
     (when `host_authorized_keys`) the host account's `~/.ssh/authorized_keys`;
-    the first file that holds a key wins. Raises `AccessError` when none does:
-    sessions never accept passwords over SSH.
+    the first file that holds a key wins. A file that is not a regular file,
+    is larger than MAX_KEY_FILE_SIZE or (in a home) is a link or not the
+    user's is skipped with a warning. Raises `AccessError` when no file holds
+    a key: sessions never accept passwords over SSH.
     """
     tried = []
-    for source in key_sources(login, users, account_of):
+    refused = []
+    readers = _key_readers(login, users, account_of)
+    for source, read in readers:
         tried.append(str(source))
         try:
-            text = source.read_text(encoding="utf-8", errors="replace")
+            text = read()
         except FileNotFoundError:
+            continue
+        except UnsafeKeyFile as error:
+            log.warning("%s: refusing to read keys: %s", login, error)
+            refused.append(str(error))
             continue
         except OSError as error:
             log.warning("%s: cannot read %s: %s", login, source, error.strerror)
@@ -150,8 +251,9 @@ def authorized_keys(
             log.debug("%s: %d public key(s) from %s", login, len(lines), source)
             return "\n".join(lines) + "\n"
         log.warning("%s: %s holds no public key", login, source)
+    why = f"; refused: {'; '.join(refused)}" if refused else ""
     raise AccessError(
-        f"no SSH public key for login {login!r} (looked in {', '.join(tried)}); "
+        f"no SSH public key for login {login!r} (looked in {', '.join(tried)}{why}); "
         f"put the user's key in {users.keys_dir / (login + '.pub')}"
     )
 

@@ -28,8 +28,14 @@ apt_install() {
 
 # --- 1. Python environment -------------------------------------------------
 stamp_of() { cat pyproject.toml | sha256sum | cut -c1-16; }
-if [ ! -x .venv/bin/python ]; then
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+    || die "gpuresa needs Python 3.11 or newer; $PYTHON is $("$PYTHON" --version 2>&1) (set PYTHON=...)"
+"$PYTHON" -c 'import ensurepip, venv' 2>/dev/null || apt_install python3-venv
+command -v ssh-keygen >/dev/null 2>&1 || apt_install openssh-client
+if [ ! -x .venv/bin/pip ]; then
+    # also a .venv left half-made by a venv module without ensurepip
     say "creating .venv"
+    rm -rf .venv
     "$PYTHON" -m venv .venv
 fi
 if [ "$(cat .venv/.gpuresa-stamp 2>/dev/null || true)" != "$(stamp_of)" ]; then

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +12,7 @@ import pytest
 
 from gpuresa.access import (
     HIGHEST_CONTAINER_UID,
+    MAX_KEY_FILE_SIZE,
     STABLE_UID_SPAN,
     AccessError,
     Account,
@@ -143,3 +147,103 @@ def test_ftp_credentials_are_fresh_for_every_session() -> None:
     assert len(first.password) >= 24
     assert all(character.isalnum() or character in "-_" for character in first.password)
     assert first.password not in repr(first)
+
+
+def account_at(home: Path) -> Callable[[str], Account | None]:
+    def account_of(login: str) -> Account | None:
+        return Account(login, 1001, 1001, home) if login == "alice" else None
+
+    return account_of
+
+
+def keys_within(seconds: float, config: UsersConfig, home: Path) -> str | AccessError:
+    """What `authorized_keys` gives for alice (or raises), failing the test if it hangs."""
+    outcome: list[str | AccessError] = []
+
+    def ask() -> None:
+        try:
+            outcome.append(authorized_keys("alice", config, account_at(home)))
+        except AccessError as error:
+            outcome.append(error)
+
+    asking = threading.Thread(target=ask, daemon=True)
+    asking.start()
+    asking.join(seconds)
+    if asking.is_alive():
+        # let the stuck reader go before failing
+        for fifo in home.rglob("*"):
+            if fifo.is_fifo():
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail(f"authorized_keys still waiting after {seconds} s")
+    return outcome[0]
+
+
+def test_a_fifo_for_authorized_keys_is_refused_without_waiting(tmp_path: Path) -> None:
+    config = users(tmp_path)
+    home = tmp_path / "home" / "alice"
+    (home / ".ssh").mkdir(parents=True)
+    os.mkfifo(home / ".ssh" / "authorized_keys")
+    os.mkfifo(tmp_path / "keys" / "alice.pub")
+    result = keys_within(5, config, home)
+    assert isinstance(result, AccessError)
+    assert "authorized_keys is not a regular file" in str(result)
+    assert "alice.pub is not a regular file" in str(result)
+
+
+@pytest.mark.parametrize("target", ["secret", "/dev/zero"])
+def test_a_linked_authorized_keys_in_a_home_is_refused(tmp_path: Path, target: str) -> None:
+    config = users(tmp_path)
+    secret = tmp_path / "secret"
+    secret.write_text(RSA + "\n")  # root's, readable by root only
+    secret.chmod(0o600)
+    home = tmp_path / "home" / "alice"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "authorized_keys").symlink_to(secret if target == "secret" else target)
+    result = keys_within(5, config, home)
+    assert isinstance(result, AccessError)
+    assert "symbolic link" in str(result)
+    assert RSA not in str(result)
+
+
+def test_a_linked_ssh_folder_in_a_home_is_refused(tmp_path: Path) -> None:
+    config = users(tmp_path)
+    roots = tmp_path / "root" / ".ssh"
+    roots.mkdir(parents=True)
+    (roots / "authorized_keys").write_text(RSA + "\n")
+    home = tmp_path / "home" / "alice"
+    home.mkdir(parents=True)
+    (home / ".ssh").symlink_to(roots)
+    result = keys_within(5, config, home)
+    assert isinstance(result, AccessError)
+    assert "symbolic link" in str(result)
+
+
+def test_an_authorized_keys_of_another_user_is_refused(tmp_path: Path) -> None:
+    config = users(tmp_path)
+    home = tmp_path / "home" / "alice"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "authorized_keys").write_text(RSA + "\n")
+    os.chown(home / ".ssh" / "authorized_keys", 1002, 1002)
+    result = keys_within(5, config, home)
+    assert isinstance(result, AccessError)
+    assert "belongs to uid 1002" in str(result)
+    # the user's own file is read
+    os.chown(home / ".ssh" / "authorized_keys", 1001, 1001)
+    assert keys_within(5, config, home) == RSA + "\n"
+
+
+def test_key_files_past_the_size_cap_are_refused(tmp_path: Path) -> None:
+    config = users(tmp_path)
+    padding = "# " + "x" * MAX_KEY_FILE_SIZE + "\n"
+    (tmp_path / "keys" / "alice.pub").write_text(f"{ED25519}\n{padding}")
+    home = tmp_path / "home" / "alice"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "authorized_keys").write_text(f"{RSA}\n{padding}")
+    result = keys_within(5, config, home)
+    assert isinstance(result, AccessError)
+    assert f"alice.pub is larger than {MAX_KEY_FILE_SIZE} bytes" in str(result)
+    assert f"authorized_keys is larger than {MAX_KEY_FILE_SIZE} bytes" in str(result)
+    # a file just within the cap is read
+    within = f"{ED25519}\n" + "#" * (MAX_KEY_FILE_SIZE - len(ED25519) - 2) + "\n"
+    (tmp_path / "keys" / "alice.pub").write_text(within)
+    assert keys_within(5, config, home) == ED25519 + "\n"

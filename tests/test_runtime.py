@@ -41,6 +41,7 @@ from gpuresa.runtime import Runtime, RuntimeUnavailable, SessionError
 from gpuresa.runtime.engine import Engine, EngineRefused
 from gpuresa.runtime.output import remap_base
 from gpuresa.runtime.payload import session_name
+from gpuresa.runtime.runtime import require_user_namespaces
 
 LOGINS = ("alice", "bob")
 
@@ -496,6 +497,44 @@ def test_a_bad_request_fails_clearly_and_leaves_nothing(
     assert runtime.list_sessions() == []
 
 
+def without_user_namespaces(info: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `docker info` as an engine without userns-remap would give it."""
+    options = [
+        option
+        for option in info.get("SecurityOptions") or []
+        if "userns" not in option and "rootless" not in option
+    ]
+    return {**info, "SecurityOptions": options}
+
+
+def test_only_an_engine_with_user_namespaces_is_accepted(docker_harness: DockerHarness) -> None:
+    info = docker_harness.client.info()
+    require_user_namespaces(info)  # the test engine runs with userns-remap
+    with pytest.raises(SessionError, match="runs without user namespaces; set userns-remap"):
+        require_user_namespaces(without_user_namespaces(info))
+    # a rootless engine is as safe; old engines named options without "name="
+    require_user_namespaces({"SecurityOptions": ["name=seccomp,profile=default", "name=rootless"]})
+    require_user_namespaces({"SecurityOptions": ["apparmor", "userns"]})
+    with pytest.raises(SessionError):
+        require_user_namespaces({"SecurityOptions": ["name=seccomp,profile=userns.json"]})
+    with pytest.raises(SessionError):
+        require_user_namespaces({})
+
+
+def test_no_session_is_made_on_an_engine_without_user_namespaces(
+    site: Site, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runtime = site.runtime()
+    stripped = without_user_namespaces(runtime.engine.info())
+    monkeypatch.setattr(runtime.engine, "info", lambda: stripped)
+    spec = site.spec(runtime)
+    for make in (runtime.prepare, runtime.start):
+        with pytest.raises(SessionError, match="without user namespaces"):
+            make(spec)
+    assert leftovers(site, spec.key) == []
+    assert list((site.root / "output").iterdir()) == []
+
+
 def test_gpus_the_host_does_not_have_are_refused_when_asked_for(
     tmp_path: Path, docker_harness: DockerHarness, images: None
 ) -> None:
@@ -744,10 +783,17 @@ def test_host_gpus_come_from_the_config_or_nvidia_smi(
     nvidia_smi: str | None,
     expected: tuple[int, ...],
 ) -> None:
+    # a PATH of our own: a GPU server's real nvidia-smi must not be found
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for tool in ("sh", "printf"):
+        found = shutil.which(tool)
+        assert found is not None
+        (tools / tool).symlink_to(found)
     if nvidia_smi is not None:
-        (tmp_path / "nvidia-smi").write_text(f"#!/bin/sh\n{nvidia_smi}\n")
-        (tmp_path / "nvidia-smi").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+        (tools / "nvidia-smi").write_text(f"#!/bin/sh\n{nvidia_smi}\n")
+        (tools / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", str(tools))
     config = parse_config(
         {
             "daemon": {"host": TEST_HOST},

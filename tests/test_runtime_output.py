@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -131,3 +132,62 @@ def test_the_remapped_ids_come_from_the_engine(
     info: dict[str, object], expected: tuple[int, int]
 ) -> None:
     assert remap_base(info) == expected
+
+
+def test_hand_over_is_safe_against_a_folder_swapped_for_a_link_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the user owns the folders, so while they are walked it can move a
+    # subfolder away and leave a link to a root-owned folder in its place
+    folder = tmp_path / "session"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "sub" / "model.pt").write_text("weights")
+    for path in (folder, folder / "sub", folder / "sub" / "model.pt"):
+        os.chown(path, REMAPPED + 5, REMAPPED + 5)
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "model.pt").write_text("root's")
+    real_chown, real_lchown = os.chown, os.lchown
+    swapped: list[Any] = []
+
+    def swap_first(path: Any) -> None:
+        # just before the file in the subfolder is given: the swap
+        if not swapped and os.fspath(path).endswith("model.pt"):
+            (folder / "sub").rename(folder / "moved")
+            (folder / "sub").symlink_to(etc)
+            swapped.append(path)
+
+    def chown(path: Any, *args: Any, **kwargs: Any) -> None:
+        swap_first(path)
+        real_chown(path, *args, **kwargs)
+
+    def lchown(path: Any, *args: Any) -> None:
+        swap_first(path)
+        real_lchown(path, *args)
+
+    monkeypatch.setattr(os, "chown", chown)
+    monkeypatch.setattr(os, "lchown", lchown)
+    hand_over(folder, 1001, 1002, "key")
+    monkeypatch.undo()
+    assert swapped
+    assert (etc / "model.pt").stat().st_uid == os.getuid()
+    assert etc.stat().st_uid == os.getuid()
+    # what the user had is still handed over, the top folder included
+    assert (folder / "moved" / "model.pt").stat().st_uid == 1001
+    assert (folder.stat().st_uid, folder.stat().st_gid) == (1001, 1002)
+
+
+def test_hand_over_gives_nested_folders_and_a_link_to_a_folder_itself(tmp_path: Path) -> None:
+    folder = tmp_path / "session"
+    (folder / "a" / "b").mkdir(parents=True)
+    (folder / "a" / "b" / "c.txt").write_text("deep")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "inside.txt").write_text("root's")
+    (folder / "a" / "to-outside").symlink_to(outside)
+    hand_over(folder, 1001, 1002, "key")
+    for path in (folder, folder / "a", folder / "a" / "b", folder / "a" / "b" / "c.txt"):
+        assert (path.stat().st_uid, path.stat().st_gid) == (1001, 1002)
+    assert os.lstat(folder / "a" / "to-outside").st_uid == 1001
+    assert outside.stat().st_uid == os.getuid()
+    assert (outside / "inside.txt").stat().st_uid == os.getuid()

@@ -76,12 +76,30 @@ def output_path(config: Config, spec: SessionSpec) -> Path:
     return storage.output_root / relative
 
 
-def _walk_lchown(top: Path, uid: int, gid: int) -> None:
-    """Give `top` and everything below it to uid:gid, never following a link."""
-    os.lchown(top, uid, gid)
-    for root, folders, files in os.walk(top, followlinks=False):
-        for name in [*folders, *files]:
-            os.lchown(os.path.join(root, name), uid, gid)
+def _give_tree(top: Path, uid: int, gid: int) -> None:
+    """Give `top` and everything below it to uid:gid, never following a link.
+
+    The user may own these folders (after an earlier hand-over, or the remapped
+    uid during a session) and so swap a subfolder for a link to /etc while we
+    walk. Every entry is therefore reached through a descriptor of the folder
+    that holds it (`os.fwalk`, which checks each folder it enters is the one it
+    listed) and changed with `follow_symlinks=False`, bottom-up; `top` itself
+    is changed last, so nothing below is the user's before we are done with it.
+    Raises `OSError` when `top` is not a folder or cannot be changed.
+    """
+    top_fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        for _, folders, files, folder_fd in os.fwalk(
+            ".", topdown=False, follow_symlinks=False, dir_fd=top_fd
+        ):
+            for name in [*folders, *files]:
+                try:
+                    os.chown(name, uid, gid, dir_fd=folder_fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue  # removed while we walked: nothing to give
+        os.fchown(top_fd, uid, gid)
+    finally:
+        os.close(top_fd)
 
 
 def prepare_output(path: Path, uid: int, gid: int, key: str) -> None:
@@ -108,7 +126,7 @@ def prepare_output(path: Path, uid: int, gid: int, key: str) -> None:
             os.lchown(path, uid, gid)
         else:
             log.info("%s: giving the files in %s back to uid %d", key, path, uid)
-            _walk_lchown(path, uid, gid)
+            _give_tree(path, uid, gid)
         os.chmod(path, OUTPUT_MODE)
     except PermissionError as error:
         raise SessionError(
@@ -123,7 +141,7 @@ def prepare_output(path: Path, uid: int, gid: int, key: str) -> None:
 def hand_over(path: Path, uid: int, gid: int, key: str) -> None:
     """Give a finished session's output to the login's host account; logs, never raises."""
     try:
-        _walk_lchown(path, uid, gid)
+        _give_tree(path, uid, gid)
     except OSError as error:
         log.error("%s: could not hand %s to uid %d: %s", key, path, uid, error)
         return

@@ -22,7 +22,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -182,11 +182,15 @@ class Runtime:
         return indices
 
     def remapped_ids(self) -> tuple[int, int]:
-        """The host uid and gid of root in containers (0, 0 without user namespaces)."""
+        """The host uid and gid of root in containers.
+
+        Raises `SessionError` when the engine runs without user namespaces
+        (see `require_user_namespaces`): sessions are never made there.
+        """
         if self._remap is None:
-            self._remap = remap_base(self.engine.info())
-            if self._remap == (0, 0):
-                log.warning("the Docker engine runs without user namespaces (userns-remap)")
+            info = self.engine.info()
+            require_user_namespaces(info)
+            self._remap = remap_base(info)
         return self._remap
 
     # --- images ----------------------------------------------------------------------------
@@ -448,6 +452,8 @@ class Runtime:
     def _prepare(self, spec: SessionSpec, *, start_sidecar: bool) -> tuple[Session, _Found]:
         key = spec.key
         self.check_spec(spec)
+        # before anything is made: an engine without user namespaces is refused
+        remapped_uid, remapped_gid = self.remapped_ids()
         found = self._find(key)
         existing = self._session(key, found)
         if existing is not None and found.complete and existing.state in ("created", "running"):
@@ -471,7 +477,6 @@ class Runtime:
         gpu = self._gpu_access(spec.gpus)
         image = self.ensure_image(spec.template, variant.name)
         ftp_image = self.ensure_ftp_image()
-        remapped_uid, remapped_gid = self.remapped_ids()
         output_dir = output_path(self.config, spec)
         prepare_output(output_dir, remapped_uid + uid, remapped_gid + uid, key)
 
@@ -870,6 +875,31 @@ class Runtime:
             ftp_passive_first=ports.passive_first,
             ftp_passive_last=ports.passive_last,
             email=email,
+        )
+
+
+# SecurityOptions names under which root in a container is not root on the host
+USER_NAMESPACE_OPTIONS = frozenset({"userns", "rootless"})
+
+
+def require_user_namespaces(info: Mapping[str, Any]) -> None:
+    """Check that the engine whose `docker info` is `info` runs containers in user namespaces.
+
+    Given the engine's info; returns when its SecurityOptions name `userns`
+    (userns-remap) or `rootless`. Raises `SessionError` otherwise: a session's
+    user has sudo in its container, which without user namespaces is root on
+    the host.
+    """
+    names = set()
+    for option in info.get("SecurityOptions") or []:
+        # "name=userns" since API 1.26, a bare "userns" before
+        fields = dict(part.partition("=")[::2] for part in str(option).split(","))
+        names.add(fields.get("name", str(option)))
+    if not names & USER_NAMESPACE_OPTIONS:
+        raise SessionError(
+            "the Docker engine runs without user namespaces; set userns-remap (for example "
+            '"userns-remap": "default" in /etc/docker/daemon.json) and restart Docker, or run '
+            "Docker rootless: without them a session's root is root on the host"
         )
 
 
