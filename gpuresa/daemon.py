@@ -498,7 +498,7 @@ class Daemon:
             elif isinstance(action, Fail):
                 self._fail(action, now)
             elif isinstance(action, (Start, Recreate)):
-                self._start(action, now)
+                self._start(action, session, now)
             elif isinstance(action, Prepare):
                 assert action.spec is not None
                 self.journal.set_state(key, "preparing", now)
@@ -527,13 +527,15 @@ class Daemon:
         self.journal.record_action(key, action.describe(), now, "ok")
         return True
 
-    def _start(self, action: Start | Recreate, now: datetime) -> None:
+    def _start(self, action: Start | Recreate, before: Session | None, now: datetime) -> None:
         spec = action.spec
         assert spec is not None
         key = spec.key
         if isinstance(action, Recreate):
-            log.warning("%s: containers exited before the end; recreating them", key)
-            self.runtime.stop(key, timedelta(0))
+            # start what is down (often only the FTP sidecar): the user's processes in a
+            # running main container go on; a start that fails removes the containers,
+            # and the retry creates them afresh
+            log.warning("%s: a container exited before the end; starting it again", key)
         self.journal.set_state(key, "preparing", now)
         session = self.runtime.start(spec)
         self.journal.set_state(key, "running", self.clock(), f"ssh port {session.ssh_port}")
@@ -541,7 +543,10 @@ class Daemon:
         self.remembered.retry_after.pop(key, None)
         if self.on_start is not None:
             self.on_start(session, self._public_host())
-        if isinstance(action, Recreate):
+        if before is not None and (before.ftp_password, before.ssh_port) != (
+            session.ftp_password,
+            session.ssh_port,
+        ):
             # new containers, new FTP password: the user needs the new details
             self.journal.unmark_notified(key, "start")
         self._start_notice(session, spec.email)

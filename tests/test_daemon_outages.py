@@ -112,3 +112,37 @@ def test_a_start_notice_that_could_not_be_sent_is_sent_later(
         assert "start" in daemon.journal.notified("notice-1")
     finally:
         daemon.shutdown()
+
+
+def test_a_crashed_ftp_sidecar_is_restarted_without_touching_the_users_container(
+    tmp_path: Path, docker_harness: DockerHarness
+) -> None:
+    config = load_config(write_ics_config(tmp_path))
+    start = datetime.now(UTC).replace(microsecond=0)
+    (tmp_path / "calendar" / "a.ics").write_text(
+        ics_event("sidecar-1", start, start + timedelta(minutes=30), "alice", "gpus: 1")
+    )
+    daemon = Daemon(config)
+    daemon.start()
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and daemon.journal.state("sidecar-1") != "running":
+            time.sleep(0.2)
+        containers = {
+            container.labels["gpuresa.role"]: container for container in docker_harness.ours()
+        }
+        main, sidecar = containers["main"], containers["ftp"]
+        main_started = main.attrs["State"]["StartedAt"]
+        sidecar.kill()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            sidecar.reload()
+            if sidecar.status == "running":
+                break
+            time.sleep(0.2)
+        assert sidecar.status == "running"
+        main.reload()
+        assert main.status == "running"
+        assert main.attrs["State"]["StartedAt"] == main_started
+    finally:
+        daemon.shutdown()

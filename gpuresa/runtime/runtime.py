@@ -543,6 +543,8 @@ class Runtime:
         if existing is not None and existing.state == "running":
             log.debug("%s: already running", key)
             return existing
+        if existing is not None and self._restart_sidecar(key, existing, started + ready_timeout):
+            return self.session(key) or existing
         # from nothing, both containers start at once below: faster than in turn
         session, found = self._prepare(spec, start_sidecar=False)
         waiting = {
@@ -572,6 +574,26 @@ class Runtime:
             key, running.user, time.monotonic() - started, running.ssh_port, running.ftp_port,
         )  # fmt: skip
         return running
+
+    def _restart_sidecar(self, key: str, session: Session, deadline: float) -> bool:
+        """Start a session's exited FTP sidecar alone, leaving the user's container be.
+
+        Returns False (and does nothing) unless the main container runs and the
+        sidecar exists but does not: then the whole session is made again.
+        """
+        found = self._find(key)
+        if _status(found.main) != "running" or found.ftp is None:
+            return False
+        if _status(found.ftp) == "running":
+            return False
+        log.warning("%s: the FTP sidecar had exited; starting it again", key)
+        self.engine.start_container(_name(found.ftp), key)
+        address = self._probe_address()
+        while time.monotonic() < deadline:
+            if ftp_greeting(address, session.ftp_port, 2.0):
+                return True
+            time.sleep(0.1)
+        raise SessionError(f"session {key}: the restarted FTP server does not answer")
 
     def _show_recorded_end(self, key: str, container: str) -> None:
         """A session extended before it started shows its new end from the first login.
