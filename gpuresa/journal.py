@@ -553,6 +553,19 @@ class Journal:
             )
             return cursor.rowcount == 1
 
+    def unmark_notified(self, key: str, kind: str) -> None:
+        """Forget the claim on the notice `kind` for `key`, so it can be sent again.
+
+        For a notice whose sending failed after `mark_notified` claimed it; the
+        next `mark_notified` returns True again. Nothing happens if there is no
+        claim. Committed before this returns.
+        """
+        with self._transaction() as connection:
+            connection.execute(
+                "DELETE FROM notifications WHERE key = ? AND kind = ?",
+                (key, kind),
+            )
+
     def notified(self, key: str) -> dict[str, datetime]:
         """The notices sent for `key`: kind → when."""
         rows = self._query("SELECT kind, at FROM notifications WHERE key = ?", (key,))

@@ -104,21 +104,33 @@ class Notifier:
     def address_for(self, user: str, email: str | None) -> str | None:
         """Where notices for `user` go, or None when no address is known.
 
-        The order: the [users] emails map, then `email` (the booking's own
-        address), then user@email_domain. An invalid address at one step is
-        skipped (and logged), never used.
+        Given a login and the booking's own address (its organizer's e-mail,
+        untrusted: anyone may book under any login). The order:
+
+        1. `users.emails[user]`;
+        2. else `user@email_domain` when `email_domain` is set;
+        3. else `email`, but only when neither of the two is configured for
+           `user`: the start notice carries the session's password, so it must
+           not go to whoever wrote the login into a booking when the admin
+           said where that login's mail goes.
+
+        An invalid address is never used (and is logged); an invalid
+        `users.emails` entry falls back to the domain, never to `email`.
         """
         configured = self.users.emails.get(user)
         if configured is not None:
             if valid_address(configured):
                 return valid_address(configured)
             log.warning("users.emails[%r] is not a valid address: %r", user, configured)
+        if self.users.email_domain:
+            return valid_address(f"{user}@{self.users.email_domain}")
+        if configured is not None:
+            # the admin configured an address for this login, only a wrong one
+            return None
         if email is not None:
             if valid_address(email):
                 return valid_address(email)
             log.warning("the booking of %s gives an invalid address %r; not used", user, email)
-        if self.users.email_domain:
-            return valid_address(f"{user}@{self.users.email_domain}")
         return None
 
     def send(

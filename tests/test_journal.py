@@ -153,6 +153,21 @@ def test_a_notice_is_claimed_once_even_after_reopening(tmp_path: Path) -> None:
         assert journal.notified("r1") == {"start": NOW, "warning-900": NOW, "warning-300": NOW}
 
 
+def test_a_claim_can_be_forgotten_so_a_failed_notice_is_sent_again(tmp_path: Path) -> None:
+    path = tmp_path / "journal.sqlite"
+    with Journal(path) as journal:
+        assert journal.mark_notified("r1", "start", NOW) is True
+        assert journal.mark_notified("r1", "end", NOW) is True
+        journal.unmark_notified("r1", "start")  # the e-mail could not be sent
+        journal.unmark_notified("r1", "never-claimed")  # nothing to forget: no error
+        assert journal.notified("r1") == {"end": NOW}
+    # forgotten for good: a restarted daemon claims it again, and only that one
+    with Journal(path) as journal:
+        assert journal.mark_notified("r1", "start", NOW + timedelta(minutes=1)) is True
+        assert journal.mark_notified("r1", "end", NOW) is False
+        assert journal.mark_notified("r1", "start", NOW) is False
+
+
 def test_rejection_notice_kind_follows_the_reason() -> None:
     first = rejection_notice_kind("unknown template 'tf'")
     assert first.startswith("rejected:")

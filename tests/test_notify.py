@@ -282,19 +282,23 @@ def test_an_unreachable_server_fails_quickly() -> None:
             "alice@elsewhere.example",
             "a.martin@lab.example",
         ),
-        # then the booking's address
-        ({}, "example.org", "alice@elsewhere.example", "alice@elsewhere.example"),
-        # then login@email_domain
+        # then login@email_domain, even when the booking gives its own address:
+        # whoever books as alice must not receive alice's credentials
+        ({}, "example.org", "mallory@elsewhere.example", "alice@example.org"),
         ({}, "example.org", None, "alice@example.org"),
+        # a bad configured address falls back to the domain
+        ({"alice": "not an address"}, "example.org", "mallory@x.example", "alice@example.org"),
+        # ... and without a domain to nothing, never to the booking's address
+        ({"alice": "not an address"}, None, "mallory@x.example", None),
+        # the booking's address only when nothing is configured for the login
+        ({"bob": "bob@lab.example"}, None, "alice@elsewhere.example", "alice@elsewhere.example"),
         # a booking address that could inject headers is skipped
-        ({}, "example.org", "alice@x.example\nBcc: evil@example.net", "alice@example.org"),
-        # a bad configured address is skipped too
-        ({"alice": "not an address"}, None, "alice@elsewhere.example", "alice@elsewhere.example"),
+        ({}, None, "alice@x.example\nBcc: evil@example.net", None),
         # nothing known
         ({}, None, None, None),
     ],
 )
-def test_address_for_prefers_the_map_then_the_booking_then_the_domain(
+def test_address_for_prefers_the_map_then_the_domain_then_the_booking(
     emails: dict[str, str], domain: str | None, event_email: str | None, expected: str | None
 ) -> None:
     notifier = Notifier(NotifyConfig(), UsersConfig(emails=emails, email_domain=domain))

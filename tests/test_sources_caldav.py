@@ -167,37 +167,63 @@ def test_a_made_up_token_is_refused_and_nothing_is_fetched_twice(
     assert not result.changed
 
 
-class RefusingProxy:
-    """A real HTTP proxy to Radicale that refuses sync-collection REPORTs (no RFC 6578)."""
+LOGIN_PAGE = b"<!DOCTYPE html><html><body><form>Log in</form></body></html>"
 
-    def __init__(self, target: str) -> None:
+
+class Proxy:
+    """A real HTTP proxy to Radicale that can misbehave as servers in the wild do.
+
+    `refuse_sync`: refuses sync-collection REPORTs (no RFC 6578). `login_page`:
+    answers everything 200 with an HTML login page (a single sign-on portal in
+    front of the server). `cut`: removes this text from REPORT answers (an
+    object truncated on the server).
+    """
+
+    def __init__(self, target: str, *, refuse_sync: bool = False) -> None:
         self.target = urlsplit(target)
+        self.refuse_sync = refuse_sync
+        self.login_page = False
+        self.cut: bytes | None = None
         self.refused = 0
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
+            def answer(self, status: int, content_type: str, content: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(content)))
+                self.end_headers()
+                self.wfile.write(content)
+
             def do_request(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
-                if self.command == "REPORT" and b"sync-collection" in body:
+                if proxy.login_page:
+                    self.answer(200, "text/html; charset=utf-8", LOGIN_PAGE)
+                    return
+                if proxy.refuse_sync and self.command == "REPORT" and b"sync-collection" in body:
                     proxy.refused += 1
-                    answer = (
+                    self.answer(
+                        403,
+                        "application/xml",
                         b'<?xml version="1.0"?><D:error xmlns:D="DAV:">'
-                        b"<D:supported-report/></D:error>"
+                        b"<D:supported-report/></D:error>",
                     )
-                    self.send_response(403)
-                    self.send_header("Content-Type", "application/xml")
-                    self.send_header("Content-Length", str(len(answer)))
-                    self.end_headers()
-                    self.wfile.write(answer)
                     return
                 connection = http.client.HTTPConnection(
                     proxy.target.hostname or "127.0.0.1", proxy.target.port, timeout=30
                 )
-                headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+                # uncompressed, so that `cut` finds its text
+                headers = {
+                    k: v
+                    for k, v in self.headers.items()
+                    if k.lower() not in ("host", "accept-encoding")
+                }
                 connection.request(self.command, self.path, body, headers)
                 response = connection.getresponse()
                 content = response.read()
+                if proxy.cut is not None and self.command == "REPORT":
+                    content = content.replace(proxy.cut, b"")
                 self.send_response(response.status, response.reason)
                 for name, value in response.getheaders():
                     if name.lower() not in ("transfer-encoding", "connection", "content-length"):
@@ -225,8 +251,15 @@ class RefusingProxy:
 
 
 @pytest.fixture
-def refusing_proxy(radicale: RadicaleServer) -> Iterator[RefusingProxy]:
-    proxy = RefusingProxy(radicale.url)
+def refusing_proxy(radicale: RadicaleServer) -> Iterator[Proxy]:
+    proxy = Proxy(radicale.url, refuse_sync=True)
+    yield proxy
+    proxy.close()
+
+
+@pytest.fixture
+def proxy(radicale: RadicaleServer) -> Iterator[Proxy]:
+    proxy = Proxy(radicale.url)
     yield proxy
     proxy.close()
 
@@ -234,7 +267,7 @@ def refusing_proxy(radicale: RadicaleServer) -> Iterator[RefusingProxy]:
 def test_a_server_without_sync_collection_is_listed_with_propfind(
     filled: tuple[Any, Config],
     radicale: RadicaleServer,
-    refusing_proxy: RefusingProxy,
+    refusing_proxy: Proxy,
     tmp_path: Path,
 ) -> None:
     calendar, _ = filled
@@ -293,8 +326,8 @@ def test_a_wrong_password_is_a_clear_error(radicale: RadicaleServer, tmp_path: P
     with pytest.raises(SourceError) as caught:
         caldav_source(config).poll()
     assert str(caught.value) == (
-        f"calendar gpu1: the server refused access to {calendar.url} (HTTP 401); "
-        "check username and password"
+        f"calendar gpu1: the server refused access to {radicale.url}{radicale.username}/… "
+        "(HTTP 401); check username and password"
     )
 
 
@@ -310,3 +343,55 @@ def test_a_missing_calendar_is_a_clear_error(radicale: RadicaleServer, tmp_path:
     url = f"{radicale.url}{radicale.username}/{uuid.uuid4().hex}/"
     with pytest.raises(SourceError, match=r"calendar gpu1: listing .* failed \(HTTP 404"):
         caldav_source(make_config(url, radicale, tmp_path)).poll()
+
+
+# --- bad answers never read as an empty calendar ------------------------------------------------
+
+
+def test_a_login_page_instead_of_the_server_keeps_the_snapshot(
+    filled: tuple[Any, Config], radicale: RadicaleServer, proxy: Proxy, tmp_path: Path
+) -> None:
+    calendar, _ = filled
+    url = proxy.url(urlsplit(str(calendar.url)).path)
+    config = make_config(url, radicale, tmp_path / "state")
+    source = caldav_source(config)
+    good = dict(source.poll().objects)
+    assert names(good) == {"one.ics", "two.ics", "three.ics"}
+    proxy.login_page = True
+    with pytest.raises(SourceError, match=r"^calendar gpu1: listing http://127\.0\.0\.1:\d+/"):
+        source.poll()
+    source.state.sync_token = None  # and without a sync token, straight to the listing
+    with pytest.raises(SourceError) as caught:
+        source.poll()
+    assert "\n" not in str(caught.value)
+    assert "not a WebDAV answer" in str(caught.value)
+    assert source.snapshot() == good
+    # a login page refuses sync-collection too: no reason to give up on it for good
+    assert source.state.sync_supported is True
+    assert caldav_source(config).snapshot() == good  # on disk too
+
+
+def test_a_truncated_object_fails_the_poll_and_keeps_the_snapshot(
+    filled: tuple[Any, Config], radicale: RadicaleServer, proxy: Proxy, tmp_path: Path
+) -> None:
+    calendar, _ = filled
+    url = proxy.url(urlsplit(str(calendar.url)).path)
+    config = make_config(url, radicale, tmp_path / "state")
+    source = caldav_source(config)
+    good = dict(source.poll().objects)
+    modified = calendar.event_by_uid("one")
+    modified.icalendar_component["SUMMARY"] = "bob"
+    modified.save()
+    proxy.cut = b"END:VCALENDAR"
+    with pytest.raises(
+        SourceError, match=r"^calendar gpu1: object one\.ics from .*: it is incomplete"
+    ):
+        source.poll()
+    assert source.snapshot() == good
+    assert caldav_source(config).snapshot() == good
+    # the server is whole again: the change the failed poll saw is fetched, not skipped
+    proxy.cut = None
+    result = source.poll()
+    assert result.changed
+    assert names(source.last_changes.modified) == {"one.ics"}
+    assert names(result.objects) == {"one.ics", "two.ics", "three.ics"}

@@ -69,10 +69,79 @@ def test_a_folder_of_files_keyed_by_name(tmp_path: Path) -> None:
     source = ics_source(str(folder), None)
     assert set(source.poll().objects) == {"a.ics", "B.ICS"}
     (folder / "a.ics").unlink()
-    (folder / "c.ics").write_bytes(b"not a calendar, but still an object for the reader")
+    (folder / "c.ics").write_bytes(FEED.replace(b"f1", b"f3"))
     result = source.poll()
     assert result.changed
     assert set(result.objects) == {"B.ICS", "c.ics"}
+
+
+def test_an_empty_folder_is_an_empty_calendar(tmp_path: Path) -> None:
+    folder = tmp_path / "calendar"
+    folder.mkdir()
+    (folder / "a.ics").write_bytes(FEED)
+    source = ics_source(str(folder), tmp_path / "state")
+    assert set(source.poll().objects) == {"a.ics"}
+    (folder / "a.ics").unlink()  # every booking deleted: legitimately empty
+    result = source.poll()
+    assert (dict(result.objects), result.changed) == ({}, True)
+
+
+HALF_WRITTEN = FEED[: FEED.index(b"END:VEVENT")]
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b"", "it is empty"),
+        (b" \r\n", "it is empty"),
+        (HALF_WRITTEN, "it is incomplete"),
+        (b"<!DOCTYPE html><html><body>Log in</body></html>", "it is an HTML or XML page"),
+        (b"VERSION:2.0\r\nEND:VCALENDAR\r\n", "it is not iCalendar"),
+    ],
+)
+def test_a_file_that_is_not_a_complete_calendar_keeps_the_snapshot(
+    tmp_path: Path, content: bytes, reason: str
+) -> None:
+    file = tmp_path / "export.ics"
+    file.write_bytes(FEED)
+    source = ics_source(str(file), tmp_path / "state")
+    source.poll()
+    file.write_bytes(content)
+    os.utime(file, ns=(1, 1))
+    with pytest.raises(SourceError, match=f"^calendar feed: {file}: {reason}") as caught:
+        source.poll()
+    assert "\n" not in str(caught.value)
+    assert source.snapshot() == {"export.ics": FEED}
+    assert ics_source(str(file), tmp_path / "state").snapshot() == {"export.ics": FEED}
+
+
+def test_a_byte_order_mark_and_blank_lines_are_fine(tmp_path: Path) -> None:
+    file = tmp_path / "export.ics"
+    content = b"\xef\xbb\xbf\r\n" + FEED.replace(b"\r\n", b"\n") + b"\n\n"
+    file.write_bytes(content)
+    assert ics_source(str(file), None).poll().objects == {"export.ics": content}
+
+
+def test_one_half_written_file_fails_the_whole_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "calendar"
+    folder.mkdir()
+    (folder / "a.ics").write_bytes(FEED)
+    (folder / "b.ics").write_bytes(FEED.replace(b"f1", b"f2"))
+    source = ics_source(str(folder), tmp_path / "state")
+    good = dict(source.poll().objects)
+    # in the same moment: a.ics changes, b.ics is being rewritten
+    changed_a = FEED.replace(b"alice", b"bob")
+    (folder / "a.ics").write_bytes(changed_a)
+    os.utime(folder / "a.ics", ns=(1, 1))
+    (folder / "b.ics").write_bytes(HALF_WRITTEN)
+    with pytest.raises(SourceError, match=r"b\.ics: it is incomplete"):
+        source.poll()
+    assert source.snapshot() == good
+    assert ics_source(str(folder), tmp_path / "state").snapshot() == good
+    # b.ics is complete again: a.ics's change is read too, not taken as seen
+    (folder / "b.ics").write_bytes(FEED.replace(b"f1", b"f2"))
+    result = source.poll()
+    assert result.objects == {"a.ics": changed_a, "b.ics": good["b.ics"]}
 
 
 def test_a_missing_file_is_a_clear_error_and_the_snapshot_stays(tmp_path: Path) -> None:
@@ -104,6 +173,7 @@ class Feed:
     """A real HTTP server for one feed, with ETag and Last-Modified, that counts requests."""
 
     body: bytes = FEED
+    content_type: str = "text/calendar; charset=utf-8"
     etag: str = '"v1"'
     status: int = 200
     password: str | None = None
@@ -135,7 +205,7 @@ class Feed:
                     self.end_headers()
                     return
                 self.send_response(200)
-                self.send_header("Content-Type", "text/calendar; charset=utf-8")
+                self.send_header("Content-Type", feed.content_type)
                 self.send_header("ETag", feed.etag)
                 self.send_header("Last-Modified", "Sun, 01 Nov 2026 10:00:00 GMT")
                 self.send_header("Content-Length", str(len(feed.body)))
@@ -190,7 +260,7 @@ def test_feed_errors_are_one_line_and_never_show_the_url_key(feed: Feed, tmp_pat
     with pytest.raises(SourceError) as caught:
         source.poll()
     message = str(caught.value)
-    assert message == f"calendar feed: {feed.url('/export/lab.ics')}?… answered HTTP 404 Not Found"
+    assert message == f"calendar feed: {feed.url('/export/…')} answered HTTP 404 Not Found"
     assert "s3cret" not in message
     feed.stop()
     with pytest.raises(SourceError, match=r"cannot fetch .*Connection refused") as down:
@@ -219,7 +289,72 @@ def test_a_feed_larger_than_the_limit_is_refused(feed: Feed) -> None:
         source.poll()
 
 
-def test_shown_url_hides_credentials_and_query() -> None:
-    assert shown_url("https://user:pw@cal.example.org:8443/a/b.ics?key=x") == (
-        "https://cal.example.org:8443/a/b.ics?…"
-    )
+@pytest.mark.parametrize(
+    ("body", "content_type", "reason"),
+    [
+        (
+            b"<!DOCTYPE html>\n<html><body><form>Sign in</form></body></html>",
+            "text/html",
+            "it is an HTML or XML page",
+        ),
+        (b"", "text/calendar", "it is empty"),
+        (HALF_WRITTEN, "text/calendar", "it is incomplete"),
+        (b'{"error": "expired"}', "application/json", "it is not iCalendar"),
+    ],
+)
+def test_a_feed_that_sends_no_calendar_keeps_the_snapshot(
+    feed: Feed, tmp_path: Path, body: bytes, content_type: str, reason: str
+) -> None:
+    source = ics_source(feed.url(), tmp_path / "state")
+    source.poll()
+    feed.body, feed.content_type, feed.etag = body, content_type, '"v2"'
+    with pytest.raises(SourceError) as caught:
+        source.poll()
+    message = str(caught.value)
+    assert message.startswith(f"calendar feed: what {feed.url('/export/…')} sent: {reason}")
+    assert "s3cret" not in message and "\n" not in message
+    assert source.snapshot() == {"lab.ics": FEED}
+    assert ics_source(feed.url(), tmp_path / "state").snapshot() == {"lab.ics": FEED}
+    # the feed is fixed: the next request is still conditional on the last good copy
+    feed.body, feed.content_type, feed.etag = FEED, "text/calendar", '"v1"'
+    assert source.poll().changed is False
+    assert feed.requests[-1]["If-None-Match"] == '"v1"'
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("https://user:pw@cal.example.org:8443/a/b.ics?key=x", "https://cal.example.org:8443/a/…"),
+        # Nextcloud's public link: the token is in the path
+        (
+            "https://cloud.example.org/remote.php/dav/public-calendars/Xq7tokenZ?export",
+            "https://cloud.example.org/remote.php/…",
+        ),
+        (
+            "https://cal.example.org/calendar.ics?key=s3cret",
+            "https://cal.example.org/calendar.ics?…",
+        ),
+        ("http://127.0.0.1:5232/alice/0f3a9c/", "http://127.0.0.1:5232/alice/…"),
+        ("http://[::1]:5232/alice/", "http://[::1]:5232/alice/"),
+        ("https://cal.example.org", "https://cal.example.org"),
+    ],
+)
+def test_shown_url_hides_credentials_query_and_the_path_after_its_first_segment(
+    url: str, shown: str
+) -> None:
+    assert shown_url(url) == shown
+
+
+def test_a_token_in_the_feed_path_is_never_shown(feed: Feed) -> None:
+    url = feed.url("/remote.php/dav/public-calendars/Xq7tokenZ?export")
+    feed.status = 403
+    source = ics_source(url, None)
+    with pytest.raises(SourceError) as refused:
+        source.poll()
+    feed.stop()
+    with pytest.raises(SourceError) as down:
+        source.poll()
+    feed.start()  # for the fixture's clean-up
+    for caught in (refused, down):
+        assert "Xq7tokenZ" not in str(caught.value)
+        assert "/remote.php/…" in str(caught.value)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Protocol
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from gpuresa.config import CalendarConfig
 from gpuresa.errors import UserError
@@ -74,12 +74,68 @@ def open_source(
 
 
 def shown_url(url: str) -> str:
-    """A URL for messages: scheme, host and path; credentials and query left out."""
+    """A URL for messages, logs and `gpuresa status`: nothing secret in it.
+
+    Given any URL; returned as scheme://host[:port] and the first segment of
+    the path, the rest of the path replaced by "…" (public calendar links
+    carry their access token in the path, e.g. Nextcloud's
+    /remote.php/dav/public-calendars/<token>). Never the query ("?…" marks
+    one), the fragment or the user and password.
+    """
     parts = urlsplit(url)
     host = parts.hostname or ""
-    port = f":{parts.port}" if parts.port else ""
-    hidden = "?…" if parts.query else ""
-    return f"{parts.scheme}://{host}{port}{parts.path}{hidden}"
+    if ":" in host:  # an IPv6 address
+        host = f"[{host}]"
+    try:
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:  # a port that is not a number: not shown either
+        port = ""
+    first, _, rest = parts.path.lstrip("/").partition("/")
+    path = f"/{first}" if first or parts.path.startswith("/") else ""
+    if rest:
+        path += "/…"
+    elif parts.path.endswith("/") and first:
+        path += "/"
+    if parts.query and not rest:
+        path += "?…"
+    return f"{parts.scheme}://{host}{port}{path}"
+
+
+def url_secrets(url: str) -> list[str]:
+    """The parts of `url` that `shown_url` leaves out, for `one_line`'s `hidden`.
+
+    The whole URL, its path when `shown_url` shortens it (as written and
+    decoded: HTTP libraries quote it in their errors) and its query; longest
+    first, so no part of one is replaced before the whole.
+    """
+    parts = urlsplit(url)
+    _, _, rest = parts.path.lstrip("/").partition("/")
+    found = [url, parts.query]
+    if rest:
+        found += [parts.path, unquote(parts.path)]
+    return sorted({secret for secret in found if secret}, key=len, reverse=True)
+
+
+def icalendar_problem(data: bytes) -> str | None:
+    """Why `data` is not a complete iCalendar stream, or None when it is one.
+
+    Complete means: after an optional byte order mark and blank space, it
+    starts with BEGIN:VCALENDAR and ends with END:VCALENDAR (names are
+    case-insensitive, RFC 5545 3.1). Catches what would otherwise read as an
+    empty calendar: an empty or half-written file, an HTML login page.
+    """
+    text = data.removeprefix(b"\xef\xbb\xbf").strip()
+    if not text:
+        return "it is empty"
+    lines = text.splitlines()
+    first, last = lines[0].strip().upper(), lines[-1].strip().upper()
+    if first != b"BEGIN:VCALENDAR":
+        if first.startswith((b"<!DOCTYPE", b"<HTML", b"<?XML", b"<")):
+            return "it is an HTML or XML page, not iCalendar (a login page?)"
+        return "it is not iCalendar (it does not start with BEGIN:VCALENDAR)"
+    if last != b"END:VCALENDAR":
+        return "it is incomplete (no END:VCALENDAR at its end; being written?)"
+    return None
 
 
 def one_line(error: BaseException, hidden: Iterable[str] = ()) -> str:
@@ -99,4 +155,13 @@ def one_line(error: BaseException, hidden: Iterable[str] = ()) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-__all__ = ["CalendarSource", "PollResult", "SourceError", "one_line", "open_source", "shown_url"]
+__all__ = [
+    "CalendarSource",
+    "PollResult",
+    "SourceError",
+    "icalendar_problem",
+    "one_line",
+    "open_source",
+    "shown_url",
+    "url_secrets",
+]

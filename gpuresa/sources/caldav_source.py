@@ -16,7 +16,9 @@ A poll asks for as little as the server allows:
 
 `caldav.DAVClient` does the HTTP, the authentication (basic or digest) and
 the XML parsing; requests and bytes received are counted by a hook on its
-session. The last good snapshot is kept on disk (see `snapshot`).
+session. The last good snapshot is kept on disk (see `snapshot`); an answer
+that is not a multistatus (an HTML login page) or an object that is not a
+complete VCALENDAR fails the poll and leaves it as it was.
 """
 
 from __future__ import annotations
@@ -32,7 +34,14 @@ from xml.sax.saxutils import escape
 
 from gpuresa.config import CalendarConfig, read_secret
 from gpuresa.errors import UserError
-from gpuresa.sources import PollResult, SourceError, one_line, shown_url
+from gpuresa.sources import (
+    PollResult,
+    SourceError,
+    icalendar_problem,
+    one_line,
+    shown_url,
+    url_secrets,
+)
 from gpuresa.sources.snapshot import Snapshot, SnapshotStore, StoredObject
 
 log = logging.getLogger(__name__)
@@ -135,7 +144,8 @@ class CalDAVSource:
         except Exception as error:  # network, TLS, XML, ...: any failure of the server side
             log.debug("calendar %s: poll failed", self.name, exc_info=True)
             raise SourceError(
-                f"calendar {self.name}: cannot read {self.where}: {one_line(error)}"
+                f"calendar {self.name}: cannot read {self.where}: "
+                f"{one_line(error, url_secrets(self.url))}"
             ) from None
         now = now or datetime.now(UTC)
         self.last_success = now
@@ -303,7 +313,6 @@ class CalDAVSource:
                     self.name,
                     refusal,
                 )
-                self.state.sync_supported = False
             else:
                 self.state.sync_supported = True
                 return _Changes(changes.etags, set(), changes.token, complete=True)
@@ -314,10 +323,14 @@ class CalDAVSource:
         )
         response = client.propfind(self.url, body, depth=1)
         if response.status != 207 or response.tree is None:
+            # a 200 is not a WebDAV answer at all: most often a login page
+            what = ", not a WebDAV answer" if 200 <= (response.status or 0) < 300 else ""
             raise SourceError(
                 f"calendar {self.name}: listing {self.where} failed "
-                f"(HTTP {response.status} {response.reason})"
+                f"(HTTP {response.status} {response.reason}{what})"
             )
+        # remembered only now: a login page refuses sync-collection too
+        self.state.sync_supported = False
         etags: dict[str, str | None] = {}
         for entry in self._responses(response):
             if entry.path is None or entry.path == self.collection_path or not entry.found:
@@ -348,7 +361,15 @@ class CalDAVSource:
                 )
             for entry in self._responses(response):
                 if entry.path is not None and entry.data is not None:
-                    found[entry.path] = StoredObject(entry.data.encode("utf-8"), entry.etag)
+                    data = entry.data.encode("utf-8")
+                    problem = icalendar_problem(data)
+                    if problem is not None:
+                        # a broken answer must not read as a booking removed
+                        name = entry.path.rsplit("/", 1)[-1]
+                        raise SourceError(
+                            f"calendar {self.name}: object {name} from {self.where}: {problem}"
+                        )
+                    found[entry.path] = StoredObject(data, entry.etag)
         return found
 
     # --- reading multistatus answers ---------------------------------------------------------

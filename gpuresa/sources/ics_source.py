@@ -7,8 +7,10 @@
   costs one request and an empty 304 answer.
 
 Like every source, the last good copy is kept on disk, and a failure raises
-`SourceError` with a one-line reason (a feed URL's query, which often holds
-an access key, is never shown).
+`SourceError` with a one-line reason (a feed URL's query and the end of its
+path, which often hold an access key, are never shown). Content that is not a
+complete iCalendar stream (an HTML login page, an empty or half-written file)
+is such a failure, not an empty calendar: the snapshot stays.
 """
 
 from __future__ import annotations
@@ -22,7 +24,14 @@ from urllib.parse import urlsplit
 
 from gpuresa.config import CalendarConfig, read_secret
 from gpuresa.errors import UserError
-from gpuresa.sources import PollResult, SourceError, one_line, shown_url
+from gpuresa.sources import (
+    PollResult,
+    SourceError,
+    icalendar_problem,
+    one_line,
+    shown_url,
+    url_secrets,
+)
 from gpuresa.sources.snapshot import Snapshot, SnapshotStore, StoredObject
 
 log = logging.getLogger(__name__)
@@ -105,15 +114,17 @@ class ICSSource:
                 f"calendar {self.name}: cannot read {path}: {error.strerror or error}"
             ) from None
         objects = dict(self.state.objects)
+        # committed only with the objects: a failed poll must not mark a file as read
+        seen = dict(self._seen)
         received = 0
         changed = False
         for name in [name for name in objects if name not in files]:
             # a file that went away takes its bookings with it
             del objects[name]
-            self._seen.pop(name, None)
+            seen.pop(name, None)
             changed = True
         for name, file in files.items():
-            if self._seen.get(name) == signatures[name] and name in objects:
+            if seen.get(name) == signatures[name] and name in objects:
                 continue
             if signatures[name][1] > self.max_bytes:
                 raise SourceError(
@@ -125,12 +136,17 @@ class ICSSource:
                 raise SourceError(
                     f"calendar {self.name}: cannot read {file}: {error.strerror or error}"
                 ) from None
+            problem = icalendar_problem(data)
+            if problem is not None:
+                # most often a file being rewritten: keep the whole last good snapshot
+                raise SourceError(f"calendar {self.name}: {file}: {problem}")
             received += len(data)
-            self._seen[name] = signatures[name]
+            seen[name] = signatures[name]
             if name not in objects or objects[name].data != data:
                 objects[name] = StoredObject(data)
                 changed = True
         self.state.objects = objects
+        self._seen = seen
         return changed, 0, received
 
     # --- feeds ---------------------------------------------------------------------------
@@ -177,11 +193,15 @@ class ICSSource:
         except SourceError:
             raise
         except requests.RequestException as error:
-            secrets = (self.location, urlsplit(self.location).query)
+            secrets = url_secrets(self.location)
             raise SourceError(
                 f"calendar {self.name}: cannot fetch {where}: {one_line(error, secrets)}"
             ) from None
         data = b"".join(chunks)
+        problem = icalendar_problem(data)
+        if problem is not None:
+            # a login page or a cut-off answer is no reason to drop every booking
+            raise SourceError(f"calendar {self.name}: what {where} sent: {problem}")
         name = PurePosixPath(urlsplit(self.location).path).name or FEED_NAME
         if not name.lower().endswith(".ics"):
             name = FEED_NAME
