@@ -136,7 +136,7 @@ class HostConfig:
     public_name: str | None = None
     ssh_ports: PortRange = PortRange(20000, 20999)
     ftp_ports: PortRange = PortRange(21000, 21999)
-    ftp_passive_ports: PortRange = PortRange(30000, 39999)
+    ftp_passive_ports: PortRange = PortRange(22000, 23999)
     ftp_passive_per_session: int = Field(10, check=at_least(1))
     driver_libraries: tuple[Path, ...] = ()
     driver_binaries: tuple[Path, ...] = (Path("/usr/bin/nvidia-smi"),)

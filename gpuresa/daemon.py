@@ -352,6 +352,14 @@ class Daemon:
         )
         if calendar is not None and calendar.host not in (None, self.config.daemon.host):
             return  # that host's daemon tells the user
+        # a calendar whose events name their host (LOCATION) is read by every host's
+        # daemon: the first host in the config speaks for all, so users get one e-mail
+        speaks_for_all = (
+            not self.config.hosts or self.config.daemon.host == self.config.hosts[0].name
+        )
+        if calendar is not None and calendar.host is None and not speaks_for_all:
+            self.journal.set_state(rejection.key, "rejected", now, rejection.reason)
+            return
         self.journal.set_state(rejection.key, "rejected", now, rejection.reason)
         log.warning("%s: rejected: %s", rejection.key, rejection.reason)
         if rejection.user is None and rejection.email is None:

@@ -1,0 +1,47 @@
+"""Which daemon e-mails a rejected booking when several hosts read one calendar."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from conftest import SMTPServer
+
+from gpuresa.config import parse_config
+from gpuresa.daemon import Daemon
+from gpuresa.model import Rejection
+
+
+@pytest.mark.parametrize(("this_host", "mails"), [("gpu1", 1), ("gpu2", 0)])
+def test_a_location_calendars_rejections_are_mailed_by_the_first_host_only(
+    tmp_path: Path, smtp_server: SMTPServer, this_host: str, mails: int
+) -> None:
+    calendar = tmp_path / "calendar"
+    calendar.mkdir()
+    config = parse_config(
+        {
+            "daemon": {"host": this_host, "state_dir": str(tmp_path / "state")},
+            "calendars": [{"name": "shared", "kind": "ics", "url": str(calendar)}],
+            "hosts": [
+                {"name": "gpu1", "gpus": [0]},
+                {"name": "gpu2", "gpus": [0], "ssh_ports": "20000-20099"},
+            ],
+            "users": {"emails": {"alice": "alice@example.org"}},
+            "notify": {"enabled": True, "smtp_host": "127.0.0.1", "smtp_port": smtp_server.port},
+        }
+    )
+    daemon = Daemon(config)
+    try:
+        rejection = Rejection(
+            key="r-1", uid="r-1", calendar="shared", reason="unknown host 'gpu9'", user="alice"
+        )
+        daemon._reject(rejection, datetime.now(UTC))
+        assert daemon.journal.state("r-1") == "rejected"
+        if mails:
+            messages = smtp_server.wait_for(1)
+            assert "gpu9" in messages[0].get_content()
+        else:
+            assert smtp_server.messages == []
+    finally:
+        daemon.journal.close()
