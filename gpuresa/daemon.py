@@ -572,7 +572,8 @@ class Daemon:
         subject, body = start_message(
             session, self._public_host(), self.config.reservations.timezone
         )
-        self._notice(key, "start", address, subject, body)
+        if not self._notice(key, "start", address, subject, body):
+            self.remembered.notice_retry_after[key] = self.clock() + NOTICE_RETRY
 
     def _owed_start_notices(self, sessions: list[Session]) -> None:
         """Finish starts a restart interrupted: journal the running state, send the notice.
@@ -590,7 +591,6 @@ class Daemon:
                 continue
             if now < self.remembered.notice_retry_after.get(session.key, now):
                 continue
-            self.remembered.notice_retry_after[session.key] = now + NOTICE_RETRY
             if self.journal.state(session.key) in (None, "booked", "preparing", "failed"):
                 self.journal.set_state(session.key, "running", now, "adopted")
             self._start_notice(session, reservation.email)
@@ -688,12 +688,17 @@ class Daemon:
         elif self.config.notify.admin:
             self._mail(key, self.config.notify.admin, subject, body)
 
-    def _notice(self, key: str, kind: str, address: str, subject: str, body: str) -> None:
-        """Send a notice once per (key, kind); a failed send leaves it to be sent again."""
+    def _notice(self, key: str, kind: str, address: str, subject: str, body: str) -> bool:
+        """Send a notice once per (key, kind); a failed send leaves it to be sent again.
+
+        Returns False only when sending failed (True when sent now or before).
+        """
         if not self.journal.mark_notified(key, kind, self.clock()):
-            return
+            return True
         if not self._mail(key, address, subject, body):
             self.journal.unmark_notified(key, kind)
+            return False
+        return True
 
     def _mail(
         self, key: str, address: str, subject: str, body: str, *, copy_admin: bool = False
