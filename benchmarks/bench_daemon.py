@@ -14,6 +14,7 @@ Usage: .venv/bin/python benchmarks/bench_daemon.py [--sessions 5]
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import statistics
 import subprocess
@@ -238,6 +239,8 @@ def idle(directory: Path, poll: str, seconds: int) -> tuple[float, float]:
 
 
 def main() -> None:
+    # the login probes fail until sshd answers; paramiko logs each failure as an error
+    logging.getLogger("paramiko").setLevel(logging.CRITICAL)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=5)
     parser.add_argument("--idle-seconds", type=int, default=60)
