@@ -18,6 +18,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -64,6 +65,9 @@ from gpuresa.runtime import Runtime, RuntimeUnavailable
 log = logging.getLogger(__name__)
 
 # A failed start is retried after these delays (then every last one).
+# Stops carried out at once, each waiting up to its grace period.
+MAX_PARALLEL_STOPS = 8
+
 # A start notice that could not be sent is tried again after this long.
 NOTICE_RETRY = timedelta(minutes=5)
 
@@ -390,21 +394,27 @@ class Daemon:
             if actions:
                 log.debug("reconcile (%s): %s", reason, [action.describe() for action in actions])
             by_key = {session.key: session for session in sessions}
-            stop_failed = False
+            stops = [action for action in actions if isinstance(action, Stop)]
+            try:
+                stop_failed = not self._stop_all(stops, by_key, now)
+            except RuntimeUnavailable as error:
+                self._docker_down(error)
+                return
             for action in actions:
                 if self.stopping.is_set():
                     return
+                if isinstance(action, Stop):
+                    continue
                 if stop_failed and isinstance(action, (Start, Recreate, Prepare)):
                     # a session that would not stop may still hold the GPUs and ports
                     # this one was given; the next round plans with what really runs
                     log.warning("%s: postponed, a stop failed in this round", action.key)
                     continue
                 try:
-                    done = self._apply(action, by_key.get(action.key), now)
+                    self._apply(action, by_key.get(action.key), now)
                 except RuntimeUnavailable as error:
                     self._docker_down(error)
                     return
-                stop_failed = stop_failed or (isinstance(action, Stop) and not done)
             self._owed_start_notices(sessions)
             # what the actions changed moves the next wakeups (a stop, a new end)
             sessions = self._sessions_or(sessions)
@@ -418,6 +428,19 @@ class Daemon:
                     self._memory(sessions, now),
                 )
             )
+
+    def _stop_all(self, stops: list[Stop], by_key: dict[str, Session], now: datetime) -> bool:
+        """Carry the stops out side by side; returns whether all succeeded.
+
+        Side by side: each may wait its whole grace period for the user's
+        processes, and eight sessions ending at 18:00 must all be gone by
+        18:00 plus one grace, not eight.
+        """
+        if len(stops) <= 1:
+            return all(self._apply(stop, by_key.get(stop.key), now) for stop in stops)
+        with ThreadPoolExecutor(max_workers=min(len(stops), MAX_PARALLEL_STOPS)) as pool:
+            done = list(pool.map(lambda stop: self._apply(stop, by_key.get(stop.key), now), stops))
+        return all(done)
 
     def _sessions_or(self, fallback: list[Session]) -> list[Session]:
         try:

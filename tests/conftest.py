@@ -196,6 +196,15 @@ class DockerHarness:
 
     def ours(self) -> list[Any]:
         """Containers made by this run, directly or through gpuresa for TEST_HOST."""
+        for _ in range(20):
+            try:
+                return self._ours()
+            except docker.errors.NotFound:
+                # one was removed between the listing and its inspection; list again
+                time.sleep(0.05)
+        return self._ours()
+
+    def _ours(self) -> list[Any]:
         found = {}
         for filters in (
             {"label": f"{RUN_LABEL}={RUN_ID}"},

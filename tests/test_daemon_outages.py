@@ -155,3 +155,47 @@ def test_a_crashed_ftp_sidecar_is_restarted_without_touching_the_users_container
         assert main.attrs["State"]["StartedAt"] == main_started
     finally:
         daemon.shutdown()
+
+
+def test_sessions_ending_together_stop_side_by_side(
+    tmp_path: Path, docker_harness: DockerHarness
+) -> None:
+    config_file = write_ics_config(tmp_path, 'warnings = ["1h"]')
+    config_file.write_text(
+        config_file.read_text().replace('stop_grace = "1s"', 'stop_grace = "4s"')
+    )
+    config = load_config(config_file)
+    grace = config.daemon.stop_grace.total_seconds()
+    start = datetime.now(UTC).replace(microsecond=0)
+    end = start + timedelta(seconds=20)
+    for key in ("together-1", "together-2"):
+        (tmp_path / "calendar" / f"{key}.ics").write_text(
+            ics_event(key, start, end, "alice", "gpus: 1")
+        )
+    daemon = Daemon(config)
+    daemon.start()
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(
+            daemon.journal.state(key) not in ("running", "warned")
+            for key in ("together-1", "together-2")
+        ):
+            time.sleep(0.2)
+        mains = [c for c in docker_harness.ours() if c.labels["gpuresa.role"] == "main"]
+        assert len(mains) == 2
+        for main in mains:
+            # a job that ignores SIGTERM: each stop waits its whole grace period
+            main.exec_run(
+                ["sh", "-c", "trap '' TERM; while true; do sleep 0.2; done"],
+                user="alice",
+                detach=True,
+            )
+        deadline = time.monotonic() + (end - datetime.now(UTC)).total_seconds() + 3 * grace + 10
+        while time.monotonic() < deadline and docker_harness.ours():
+            time.sleep(0.1)
+        gone = datetime.now(UTC)
+        assert docker_harness.ours() == []
+        # one grace period for both, not one after the other
+        assert (gone - end).total_seconds() <= grace + 2.5
+    finally:
+        daemon.shutdown()
