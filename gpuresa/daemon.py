@@ -18,7 +18,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -33,7 +33,7 @@ from gpuresa.calendars import CalendarReport, Calendars
 from gpuresa.config import Config, load_config
 from gpuresa.errors import UserError
 from gpuresa.journal import Journal
-from gpuresa.model import Rejection, Reservation, Session
+from gpuresa.model import Rejection, Reservation, Session, SessionSpec
 from gpuresa.notify import (
     Notifier,
     NotifyError,
@@ -65,6 +65,10 @@ from gpuresa.runtime import Runtime, RuntimeUnavailable
 log = logging.getLogger(__name__)
 
 # A failed start is retried after these delays (then every last one).
+# How often a session waiting for its image's build looks again (a finished build
+# also wakes the daemon at once).
+IMAGE_WAIT = timedelta(seconds=10)
+
 # Stops carried out at once, each waiting up to its grace period.
 MAX_PARALLEL_STOPS = 8
 
@@ -183,6 +187,10 @@ class Daemon:
         self.heartbeat = time.monotonic()
         self.reload_requested = threading.Event()
         self.lock_file: IO[str] | None = None
+        # image builds, one at a time, outside the reconcile lock
+        self.builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuresa-build")
+        self.builds: dict[tuple[str, str | None], Future[str]] = {}
+        self.image_waiting: set[str] = set()
         # set by the signal handlers, so the main loop acts at once rather than at its next beat
         self.wake = threading.Event()
 
@@ -256,6 +264,7 @@ class Daemon:
         # not wait=True: APScheduler would hold its job-store lock while a running
         # reconcile needs it to reschedule; the reconcile lock waits for it instead
         self.scheduler.shutdown(wait=False)
+        self.builder.shutdown(wait=False, cancel_futures=True)
         with self.lock:
             self.journal.close()
         if self.lock_file is not None:
@@ -524,6 +533,14 @@ class Daemon:
         self.heartbeat = time.monotonic()
         log.info("%s", action.describe())
         try:
+            spec = getattr(action, "spec", None)
+            needs_image = isinstance(action, (Prepare, Recreate)) or (
+                isinstance(action, Start) and (session is None or session.state != "created")
+            )
+            if needs_image and spec is not None and not self._image_ready(spec, now):
+                self.remembered.retry_after[key] = now + IMAGE_WAIT
+                self.image_waiting.add(key)
+                return True
             if isinstance(action, Stop):
                 self._stop(action, session, now)
             elif isinstance(action, Fail):
@@ -557,6 +574,47 @@ class Daemon:
             return False
         self.journal.record_action(key, action.describe(), now, "ok")
         return True
+
+    def _image_ready(self, spec: SessionSpec, now: datetime) -> bool:
+        """Whether the session's image is here; if not, it is built in the background.
+
+        A first build (with the pull of an upstream image) can take many minutes;
+        under the reconcile lock it would hold up every other session's start and
+        stop. Raises the build's error once it has failed (the action then fails
+        and is retried like any other).
+        """
+        wanted = (spec.template, spec.cuda)
+        build = self.builds.get(wanted)
+        if build is not None:
+            if not build.done():
+                return False
+            del self.builds[wanted]
+            build.result()
+            return True
+        if self.runtime.image_present(spec.template, spec.cuda):
+            return True
+        log.info(
+            "%s: building the image of %s (CUDA %s) in the background",
+            spec.key,
+            spec.template,
+            spec.cuda or "default",
+        )
+        build = self.builder.submit(self.runtime.ensure_image, spec.template, spec.cuda)
+        build.add_done_callback(self._on_build_done)
+        self.builds[wanted] = build
+        return False
+
+    def _on_build_done(self, build: Future[str]) -> None:
+        if not self.stopping.is_set():
+            self.scheduler.add_job(self._after_build, id="image-built", replace_existing=True)
+
+    def _after_build(self) -> None:
+        """A build finished: the sessions that waited for it go on at once."""
+        with self.lock:
+            for key in self.image_waiting:
+                self.remembered.retry_after.pop(key, None)
+            self.image_waiting.clear()
+        self.reconcile("image built")
 
     def _start(self, action: Start | Recreate, before: Session | None, now: datetime) -> None:
         spec = action.spec

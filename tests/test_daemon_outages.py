@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import time
+import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -17,6 +19,7 @@ import pytest
 from conftest import DockerHarness, SMTPServer, free_port
 from test_daemon_cli import ics_event, write_ics_config
 
+from gpuresa.catalog import SHIPPED_TEMPLATES
 from gpuresa.config import load_config
 from gpuresa.daemon import Daemon
 from gpuresa.errors import UserError
@@ -199,3 +202,49 @@ def test_sessions_ending_together_stop_side_by_side(
         assert (gone - end).total_seconds() <= grace + 2.5
     finally:
         daemon.shutdown()
+
+
+def test_a_long_image_build_does_not_hold_up_other_sessions(
+    tmp_path: Path, docker_harness: DockerHarness
+) -> None:
+    # the shipped templates, plus "slow": pytorch with a build step that takes a while
+    templates = tmp_path / "templates"
+    shutil.copytree(SHIPPED_TEMPLATES, templates)
+    shutil.copytree(templates / "pytorch", templates / "slow")
+    with (templates / "slow" / "Dockerfile").open("a") as dockerfile:
+        dockerfile.write(f"RUN sleep 8 && echo {uuid.uuid4().hex} > /etc/build-id\n")
+    config_file = write_ics_config(tmp_path)
+    config_file.write_text(
+        config_file.read_text().replace(
+            "[templates]\n",
+            f'[templates]\ndirectory = "{templates}"\nallowed = ["pytorch", "slow"]\n',
+        )
+    )
+    config = load_config(config_file)
+    Runtime(config).ensure_image("pytorch", None)
+    start = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=3)
+    end = start + timedelta(minutes=30)
+    calendar = tmp_path / "calendar"
+    (calendar / "slow.ics").write_text(ics_event("slow-1", start, end, "alice", "template: slow"))
+    (calendar / "quick.ics").write_text(
+        ics_event("quick-1", start, end, "alice", "template: pytorch")
+    )
+    daemon = Daemon(config)
+    daemon.start()
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and daemon.journal.state("quick-1") != "running":
+            time.sleep(0.1)
+        quick_ready = datetime.now(UTC)
+        assert daemon.journal.state("quick-1") == "running"
+        # the other booking's 8 s build runs meanwhile, outside the reconcile lock
+        assert quick_ready - start <= timedelta(seconds=2)
+        assert daemon.journal.state("slow-1") != "running"
+        while time.monotonic() < deadline and daemon.journal.state("slow-1") != "running":
+            time.sleep(0.2)
+        assert daemon.journal.state("slow-1") == "running"
+    finally:
+        daemon.shutdown()
+        docker_harness.remove_all()
+        for image in docker_harness.client.images.list(filters={"label": "gpuresa.template=slow"}):
+            docker_harness.client.images.remove(image.id, force=True)

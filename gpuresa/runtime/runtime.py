@@ -80,6 +80,8 @@ from gpuresa.runtime.templates import (
 if TYPE_CHECKING:
     from docker import DockerClient
 
+    from gpuresa.catalog import Template, Variant
+
 log = logging.getLogger(__name__)
 
 # How often readiness is probed while a session starts.
@@ -209,10 +211,7 @@ class Runtime:
         access = self._support_directory(ACCESS_LAYER)
         with self._image_lock:
             base_id = self._base_image_id(base)
-            digest = image_digest(
-                [chosen.name, variant.name, base, base_id], chosen.directory, access
-            )
-            tag = image_tag(templates.image_prefix, chosen.name, f"{variant.name}-{digest[:12]}")
+            tag, digest = self._image_tag(chosen, variant, base, base_id)
             if self.engine.image_id(tag) is not None:
                 return tag
             log.info("building image %s (template %s on %s)", tag, chosen.name, base)
@@ -229,6 +228,28 @@ class Runtime:
             self.engine.build(context_archive(access), tag, {"TEMPLATE_IMAGE": stage}, labels)
             log.info("built image %s in %.1f s", tag, time.monotonic() - started)
             return tag
+
+    def image_present(self, template: str, cuda: str | None) -> bool:
+        """Whether `ensure_image` would return at once: no pull, no build.
+
+        Raises `SessionError` for a template or variant the config does not allow.
+        """
+        chosen, variant = resolve_template(self.config.templates, template, cuda)
+        base = self.config.templates.base_image or variant.base_image
+        base_id = self.engine.image_id(base)
+        if base_id is None:
+            return False
+        tag, _ = self._image_tag(chosen, variant, base, base_id)
+        return self.engine.image_id(tag) is not None
+
+    def _image_tag(
+        self, chosen: Template, variant: Variant, base: str, base_id: str
+    ) -> tuple[str, str]:
+        """The image tag of a template variant on `base`, and the hash it carries."""
+        access = self._support_directory(ACCESS_LAYER)
+        digest = image_digest([chosen.name, variant.name, base, base_id], chosen.directory, access)
+        prefix = self.config.templates.image_prefix
+        return image_tag(prefix, chosen.name, f"{variant.name}-{digest[:12]}"), digest
 
     def ensure_ftp_image(self) -> str:
         """The FTP sidecar's image tag, built if missing (hash of its files and base)."""
