@@ -9,8 +9,10 @@ once.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import faulthandler
 import fcntl
+import json
 import logging
 import os
 import signal
@@ -134,6 +136,35 @@ def _best_effort(call: Callable[[], Result], fallback: Result) -> Result:
     except sqlite3.Error as error:
         log.error("journal write failed (%s); going on without it", error)
         return fallback
+
+
+def session_record(session: Session, reason: str) -> str:
+    """A session and why it stops, as JSON for the journal."""
+    record = {field.name: getattr(session, field.name) for field in dataclasses.fields(session)}
+    record.update(
+        gpus=list(session.gpus),
+        containers=list(session.containers),
+        start=session.start.isoformat(),
+        end=session.end.isoformat(),
+        output_dir=str(session.output_dir),
+        ftp_password="",  # not needed after the end, not worth keeping
+        reason=reason,
+    )
+    return json.dumps(record)
+
+
+def session_from_record(text: str) -> tuple[Session, str]:
+    """The session and reason `session_record` wrote; raises ValueError/KeyError/TypeError."""
+    record = json.loads(text)
+    reason = str(record.pop("reason"))
+    record.update(
+        gpus=tuple(record["gpus"]),
+        containers=tuple(record["containers"]),
+        start=datetime.fromisoformat(record["start"]),
+        end=datetime.fromisoformat(record["end"]),
+        output_dir=Path(record["output_dir"]),
+    )
+    return Session(**record), reason
 
 
 def utc_now() -> datetime:
@@ -398,6 +429,7 @@ class Daemon:
                 self._docker_down(error)
                 return
             self.docker_backoff = timedelta(seconds=1)
+            self._finish_interrupted_stops(sessions, now)
             memory = self._memory(sessions, now)
             actions = plan(self.reservations, sessions, self.inventory, now, self.config, memory)
             if actions:
@@ -692,6 +724,13 @@ class Daemon:
     def _stop(self, action: Stop, session: Session | None, now: datetime) -> None:
         key = action.key
         self.journal.set_state(key, "stopping", now, action.reason)
+        if (
+            session is not None
+            and session.state != "created"
+            and action.reason in ("ended", "cancelled")
+        ):
+            # what the end notice needs, should a restart interrupt this stop
+            self.journal.set_meta(f"stopping:{key}", session_record(session, action.reason))
         self.runtime.stop(key, action.grace)
         final = {
             "ended": "ended",
@@ -705,12 +744,35 @@ class Daemon:
         self.journal.delete_meta(f"missing:{key}")
         if session is None or session.state == "created" or action.reason == "orphan":
             return
+        self._end_notice(session)
+        self.journal.delete_meta(f"stopping:{key}")
+
+    def _end_notice(self, session: Session) -> None:
         address = self.notifier.address_for(session.user, session.email)
         if address:
             subject, body = end_message(
                 session, session.output_dir, self.config.reservations.timezone
             )
-            self._notice(key, "end", address, subject, body)
+            self._notice(session.key, "end", address, subject, body)
+
+    def _finish_interrupted_stops(self, sessions: list[Session], now: datetime) -> None:
+        """Stops a restart cut short after the containers went: hand-over and end notice."""
+        present = {session.key for session in sessions}
+        for key, record in self.journal.meta_with_prefix("stopping:").items():
+            if key in present:
+                continue  # the planner stops it again
+            try:
+                session, reason = session_from_record(record)
+            except (ValueError, KeyError, TypeError):
+                log.error("%s: unreadable record of an interrupted stop; dropped", key)
+                self.journal.delete_meta(f"stopping:{key}")
+                continue
+            log.info("%s: finishing a stop that a restart interrupted", key)
+            self.runtime.finish_stop(session)
+            final = "cancelled" if reason == "cancelled" else "ended"
+            self.journal.set_state(key, final, now, f"{reason} (finished after a restart)")
+            self._end_notice(session)
+            self.journal.delete_meta(f"stopping:{key}")
 
     def _fail(self, action: Fail, now: datetime) -> None:
         # GPUs or ports may free up (a cancelled session ends, an ad-hoc one stops)

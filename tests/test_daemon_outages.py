@@ -21,8 +21,9 @@ from test_daemon_cli import ics_event, write_ics_config
 
 from gpuresa.catalog import SHIPPED_TEMPLATES
 from gpuresa.config import load_config
-from gpuresa.daemon import Daemon
+from gpuresa.daemon import Daemon, session_record
 from gpuresa.errors import UserError
+from gpuresa.journal import Journal
 from gpuresa.notify import Notifier
 from gpuresa.runtime import Runtime
 
@@ -248,3 +249,50 @@ def test_a_long_image_build_does_not_hold_up_other_sessions(
         docker_harness.remove_all()
         for image in docker_harness.client.images.list(filters={"label": "gpuresa.template=slow"}):
             docker_harness.client.images.remove(image.id, force=True)
+
+
+def test_a_stop_interrupted_after_the_containers_went_is_finished_at_the_next_start(
+    tmp_path: Path, docker_harness: DockerHarness, smtp_server: SMTPServer
+) -> None:
+    config_file = write_ics_config(tmp_path)
+    config_file.write_text(
+        config_file.read_text()
+        + f'[notify]\nenabled = true\nsmtp_host = "127.0.0.1"\nsmtp_port = {smtp_server.port}\n'
+        + '[users.emails]\nalice = "alice@example.org"\n'
+    )
+    config = load_config(config_file)
+    start = datetime.now(UTC).replace(microsecond=0)
+    booking = tmp_path / "calendar" / "a.ics"
+    booking.write_text(ics_event("cut-1", start, start + timedelta(minutes=30), "alice", ""))
+    first = Daemon(config)
+    first.start()
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and first.journal.state("cut-1") != "running":
+            time.sleep(0.2)
+        assert first.journal.state("cut-1") == "running"
+    finally:
+        first.shutdown()
+    session = Runtime(config).list_sessions()[0]
+    # the daemon died in the middle of this stop: containers gone, nothing told yet
+    journal = Journal(config.daemon.state_dir / "journal.sqlite")
+    journal.set_state("cut-1", "stopping", datetime.now(UTC), "ended")
+    journal.set_meta("stopping:cut-1", session_record(session, "ended"))
+    journal.close()
+    docker_harness.remove_all()
+    booking.unlink()
+    ready_mails = len(smtp_server.messages)
+
+    second = Daemon(config)
+    second.start()
+    try:
+        messages = smtp_server.wait_for(ready_mails + 1)
+        assert "has ended" in str(messages[-1]["Subject"])
+        assert str(session.output_dir) in messages[-1].get_content()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and second.journal.get_meta("stopping:cut-1"):
+            time.sleep(0.1)
+        assert second.journal.get_meta("stopping:cut-1") is None
+        assert second.journal.state("cut-1") == "ended"
+    finally:
+        second.shutdown()

@@ -743,6 +743,15 @@ class Runtime:
             log.debug("%s: nothing to stop", key)
             return
         log.info("%s: stopped; output kept in %s", key, session.output_dir)
+        self.finish_stop(session)
+
+    def finish_stop(self, session: Session) -> None:
+        """What follows a session's removal: its output handed to the login, if configured.
+
+        Also called for a stop that a daemon restart interrupted after the
+        containers were gone. Logs, never raises.
+        """
+        key = session.key
         if self.config.storage.hand_output_to_user:
             account = host_account(session.user)
             if account is None:
