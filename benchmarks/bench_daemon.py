@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -29,28 +30,18 @@ from typing import Any
 import paramiko
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
-from conftest import BASE_IMAGE, free_port, start_radicale
+from conftest import BASE_IMAGE, start_radicale
 
 from gpuresa.config import Config, load_config
+from gpuresa.demo import free_port_block
 from gpuresa.runtime import Runtime
 
 HOST = f"bench-{os.getpid()}"
 
 
 def port_block(size: int) -> int:
-    import socket
-
-    while True:
-        first = free_port()
-        if first + size >= 65000:
-            continue
-        try:
-            for port in range(first, first + size):
-                with socket.socket() as probe:
-                    probe.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return first
+    """The first of `size` consecutive free ports on 127.0.0.1."""
+    return free_port_block(size, random.randint(40000, 60000))
 
 
 def write_config(directory: Path, calendar_url: str, radicale: Any, poll: str) -> Config:

@@ -212,8 +212,6 @@ class Daemon:
         self.scheduler = BackgroundScheduler(timezone=UTC, job_defaults={"coalesce": True})
         self.stopping = threading.Event()
         self.docker_backoff = timedelta(seconds=1)
-        self.inventory: Inventory | None = None
-        self.last_poll: datetime | None = None
         # monotonic time of the last sign of progress (a poll or an action), for the watchdog
         self.heartbeat = time.monotonic()
         self.reload_requested = threading.Event()
@@ -323,7 +321,6 @@ class Daemon:
             self.runtime = Runtime(config)
             self.calendars = Calendars(config)
             self.notifier = Notifier(config.notify, config.users)
-            self.inventory = None
         self.scheduler.reschedule_job(
             "poll", trigger="interval", seconds=config.daemon.poll_interval.total_seconds()
         )
@@ -366,7 +363,6 @@ class Daemon:
             if self.stopping.is_set():
                 return
             self.reservations = [item for item in found.reservations if item.host == host]
-            self.last_poll = now
             new_rejections = self.journal.record_reservations(
                 found.reservations, found.rejected, now
             )
@@ -401,10 +397,9 @@ class Daemon:
         speaks_for_all = (
             not self.config.hosts or self.config.daemon.host == self.config.hosts[0].name
         )
-        if calendar is not None and calendar.host is None and not speaks_for_all:
-            self.journal.set_state(rejection.key, "rejected", now, rejection.reason)
-            return
         self.journal.set_state(rejection.key, "rejected", now, rejection.reason)
+        if calendar is not None and calendar.host is None and not speaks_for_all:
+            return
         log.warning("%s: rejected: %s", rejection.key, rejection.reason)
         if rejection.user is None and rejection.email is None:
             return
@@ -424,14 +419,14 @@ class Daemon:
                 sessions = self.runtime.list_sessions()
                 # every round: with gpus = "auto", a driver that was not ready at boot is
                 # seen once it is (the runtime caches what nvidia-smi says)
-                self.inventory = Inventory(self.config.host(), self.runtime.host_gpus())
+                inventory = Inventory(self.config.host(), self.runtime.host_gpus())
             except RuntimeUnavailable as error:
                 self._docker_down(error)
                 return
             self.docker_backoff = timedelta(seconds=1)
             self._finish_interrupted_stops(sessions, now)
             memory = self._memory(sessions, now)
-            actions = plan(self.reservations, sessions, self.inventory, now, self.config, memory)
+            actions = plan(self.reservations, sessions, inventory, now, self.config, memory)
             if actions:
                 log.debug("reconcile (%s): %s", reason, [action.describe() for action in actions])
             by_key = {session.key: session for session in sessions}
@@ -463,7 +458,7 @@ class Daemon:
                 wakeups(
                     self.reservations,
                     sessions,
-                    self.inventory,
+                    inventory,
                     now,
                     self.config,
                     self._memory(sessions, now),
@@ -534,8 +529,9 @@ class Daemon:
             if session.key not in wanted and session.key not in remembered.missing_since:
                 remembered.missing_since[session.key] = now
                 self.journal.set_meta(f"missing:{session.key}", now.isoformat())
+        present = {session.key for session in sessions}
         for key in list(remembered.missing_since):
-            if key in wanted or key not in {session.key for session in sessions}:
+            if key in wanted or key not in present:
                 del remembered.missing_since[key]
                 self.journal.delete_meta(f"missing:{key}")
         for key in remembered.cancel_notified & wanted:
@@ -708,18 +704,30 @@ class Daemon:
                 self.journal.set_state(session.key, "running", now, "adopted")
             self._start_notice(session, reservation.email)
 
-    def _retry_later(self, action: Action, error: str, now: datetime) -> None:
-        key = action.key
+    def _back_off(self, key: str, now: datetime) -> int:
+        """Count one more failed attempt and delay the next; returns the attempt number."""
         attempts = self.remembered.attempts.get(key, 0) + 1
         self.remembered.attempts[key] = attempts
         delay = RETRY_DELAYS[min(attempts, len(RETRY_DELAYS)) - 1]
         self.remembered.retry_after[key] = now + delay
+        return attempts
+
+    def _failure_notice(
+        self, key: str, user: str, email: str | None, reason: str, now: datetime
+    ) -> None:
+        """Tell the user (admin in copy) that a booking cannot be served, once per key."""
+        if self.journal.mark_notified(key, "failed", now):
+            subject, body = failure_message(key, user, reason, host=self.config.daemon.host)
+            self._mail_failure(key, user, email, subject, body)
+
+    def _retry_later(self, action: Action, error: str, now: datetime) -> None:
+        key = action.key
+        attempts = self._back_off(key, now)
         self.journal.set_state(key, "failed", now, f"attempt {attempts}: {error}")
-        if attempts == 1 and self.journal.mark_notified(key, "failed", now):
+        if attempts == 1:
             spec = getattr(action, "spec", None)
             user = spec.user if spec is not None else ""
-            subject, body = failure_message(key, user, error, host=self.config.daemon.host)
-            self._mail_failure(key, user, getattr(spec, "email", None), subject, body)
+            self._failure_notice(key, user, getattr(spec, "email", None), error, now)
 
     def _stop(self, action: Stop, session: Session | None, now: datetime) -> None:
         key = action.key
@@ -776,17 +784,10 @@ class Daemon:
 
     def _fail(self, action: Fail, now: datetime) -> None:
         # GPUs or ports may free up (a cancelled session ends, an ad-hoc one stops)
-        attempts = self.remembered.attempts.get(action.key, 0) + 1
-        self.remembered.attempts[action.key] = attempts
-        delay = RETRY_DELAYS[min(attempts, len(RETRY_DELAYS)) - 1]
-        self.remembered.retry_after[action.key] = now + delay
+        self._back_off(action.key, now)
         self.journal.set_state(action.key, "failed", now, action.reason)
         log.error("%s: cannot be served: %s", action.key, action.reason)
-        if self.journal.mark_notified(action.key, "failed", now):
-            subject, body = failure_message(
-                action.key, action.user, action.reason, host=self.config.daemon.host
-            )
-            self._mail_failure(action.key, action.user, action.email, subject, body)
+        self._failure_notice(action.key, action.user, action.email, action.reason, now)
 
     def _warn(self, action: Warn, session: Session | None) -> None:
         key = action.key
@@ -800,13 +801,10 @@ class Daemon:
         timezone = self.config.reservations.timezone
         remaining = action.end - self.clock()
         self.runtime.message(key, wall_text(remaining, action.end, timezone))
-        if self.journal.mark_notified(
-            key, f"warning-{seconds}-{action.end.isoformat()}", self.clock()
-        ):
-            address = self.notifier.address_for(session.user, session.email)
-            if address:
-                subject, body = warning_message(session, remaining, timezone)
-                self._mail(key, address, subject, body)
+        address = self.notifier.address_for(session.user, session.email)
+        if address:
+            subject, body = warning_message(session, remaining, timezone)
+            self._notice(key, f"warning-{seconds}-{action.end.isoformat()}", address, subject, body)
 
     def _notify_cancel(self, action: NotifyCancel, session: Session | None) -> None:
         self.remembered.cancel_notified.add(action.key)

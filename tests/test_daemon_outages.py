@@ -28,6 +28,14 @@ from gpuresa.notify import Notifier
 from gpuresa.runtime import Runtime
 
 
+def wait_until_running(daemon: Daemon, key: str, timeout: float) -> None:
+    """Wait until the journal says the session of `key` runs; fail the test after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and daemon.journal.state(key) != "running":
+        time.sleep(0.1)
+    assert daemon.journal.state(key) == "running"
+
+
 def test_daemon_waits_for_docker_and_starts_the_session_when_it_is_back(
     tmp_path: Path, docker_harness: DockerHarness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -53,15 +61,10 @@ def test_daemon_waits_for_docker_and_starts_the_session_when_it_is_back(
         assert daemon.journal.state("outage-1") == "booked"
 
         os.symlink("/var/run/docker.sock", link)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if daemon.journal.state("outage-1") == "running":
-                break
-            time.sleep(0.2)
+        wait_until_running(daemon, "outage-1", 20)
         assert [(session.key, session.state) for session in real.list_sessions()] == [
             ("outage-1", "running")
         ]
-        assert daemon.journal.state("outage-1") == "running"
         assert daemon.docker_backoff == timedelta(seconds=1)
     finally:
         daemon.shutdown()
@@ -98,10 +101,7 @@ def test_a_start_notice_that_could_not_be_sent_is_sent_later(
     daemon = Daemon(config)
     daemon.start()
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and daemon.journal.state("notice-1") != "running":
-            time.sleep(0.2)
-        assert daemon.journal.state("notice-1") == "running"
+        wait_until_running(daemon, "notice-1", 30)
         # the SMTP server was unreachable: once the failure is journaled, the notice
         # must not count as sent (the claim is given back right after the failure)
         deadline = time.monotonic() + 20
@@ -138,9 +138,7 @@ def test_a_crashed_ftp_sidecar_is_restarted_without_touching_the_users_container
     daemon = Daemon(config)
     daemon.start()
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and daemon.journal.state("sidecar-1") != "running":
-            time.sleep(0.2)
+        wait_until_running(daemon, "sidecar-1", 30)
         containers = {
             container.labels["gpuresa.role"]: container for container in docker_harness.ours()
         }
@@ -234,16 +232,12 @@ def test_a_long_image_build_does_not_hold_up_other_sessions(
     daemon.start()
     try:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and daemon.journal.state("quick-1") != "running":
-            time.sleep(0.1)
+        wait_until_running(daemon, "quick-1", 60)
         quick_ready = datetime.now(UTC)
-        assert daemon.journal.state("quick-1") == "running"
         # the other booking's 8 s build runs meanwhile, outside the reconcile lock
         assert quick_ready - start <= timedelta(seconds=2)
         assert daemon.journal.state("slow-1") != "running"
-        while time.monotonic() < deadline and daemon.journal.state("slow-1") != "running":
-            time.sleep(0.2)
-        assert daemon.journal.state("slow-1") == "running"
+        wait_until_running(daemon, "slow-1", deadline - time.monotonic())
     finally:
         daemon.shutdown()
         docker_harness.remove_all()
@@ -267,10 +261,7 @@ def test_a_stop_interrupted_after_the_containers_went_is_finished_at_the_next_st
     first = Daemon(config)
     first.start()
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and first.journal.state("cut-1") != "running":
-            time.sleep(0.2)
-        assert first.journal.state("cut-1") == "running"
+        wait_until_running(first, "cut-1", 30)
     finally:
         first.shutdown()
     session = Runtime(config).list_sessions()[0]
