@@ -13,14 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import logging
-import os
 import re
-import secrets
 import socket
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -30,21 +26,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
-import paramiko
-
 from gpuresa.access import (
     AccessError,
     authorized_keys,
-    check_login,
     container_uid,
     ftp_credentials,
     host_account,
 )
-from gpuresa.allocation import Holding, Ports, allocate_gpus, allocate_ports
 from gpuresa.config import Config, HostConfig
 from gpuresa.model import Session, SessionSpec
 from gpuresa.runtime.engine import Engine, EngineRefused, dumps
 from gpuresa.runtime.errors import RuntimeUnavailable, SessionError
+from gpuresa.runtime.images import Images
 from gpuresa.runtime.output import hand_over, output_path, prepare_output, remap_base
 from gpuresa.runtime.payload import (
     FTP_ROLE,
@@ -60,27 +53,19 @@ from gpuresa.runtime.payload import (
     gpu_access,
     main_payload,
     passive_address,
-    safe_key,
     session_from_labels,
     session_labels,
     session_name,
     utc_text,
 )
-from gpuresa.runtime.templates import (
-    ACCESS_LAYER,
-    FTP_DEFAULT_BASE_IMAGE,
-    FTP_SIDECAR,
-    context_archive,
-    image_digest,
-    image_tag,
-    resolve_template,
-    templates_directory,
-)
+from gpuresa.runtime.probes import ftp_greeting, ssh_handshake
+from gpuresa.runtime.records import EndRecords
+from gpuresa.runtime.specs import check_spec, new_spec
+from gpuresa.runtime.templates import resolve_template
 
 if TYPE_CHECKING:
     from docker import DockerClient
 
-    from gpuresa.catalog import Template, Variant
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +129,8 @@ class Runtime:
     def __init__(self, config: Config, client: DockerClient | None = None) -> None:
         self.config = config
         self.engine = Engine(client)
-        self._image_lock = threading.Lock()
+        self.images = Images(config.templates, self.engine)
+        self.ends = EndRecords(config.daemon.state_dir / "sessions")
         self._remap: tuple[int, int] | None = None
         self._gpus: tuple[datetime, tuple[int, ...]] | None = None
 
@@ -198,99 +184,16 @@ class Runtime:
     # --- images ----------------------------------------------------------------------------
 
     def ensure_image(self, template: str, cuda: str | None) -> str:
-        """The image tag of `template`'s variant `cuda` (None: its preferred one), built if missing.
-
-        The tag carries a hash of the template's files, the access layer's
-        files and the base image (name and id), so an edited template is
-        rebuilt and an unchanged one reused. Raises `SessionError` for a template
-        or variant the config does not allow, or a build that fails.
-        """
-        chosen, variant = resolve_template(self.config.templates, template, cuda)
-        templates = self.config.templates
-        base = templates.base_image or variant.base_image
-        access = self._support_directory(ACCESS_LAYER)
-        with self._image_lock:
-            base_id = self._base_image_id(base)
-            tag, digest = self._image_tag(chosen, variant, base, base_id)
-            if self.engine.image_id(tag) is not None:
-                return tag
-            log.info("building image %s (template %s on %s)", tag, chosen.name, base)
-            started = time.monotonic()
-            labels = {
-                "gpuresa.template": chosen.name,
-                "gpuresa.cuda": variant.name,
-                "gpuresa.base-image": base,
-                "gpuresa.image-hash": digest,
-            }
-            stage = self.engine.build(
-                context_archive(chosen.directory), None, {"BASE_IMAGE": base}, labels
-            )
-            self.engine.build(context_archive(access), tag, {"TEMPLATE_IMAGE": stage}, labels)
-            log.info("built image %s in %.1f s", tag, time.monotonic() - started)
-            return tag
+        """The image tag of `template`'s variant `cuda`, built if missing (see `Images`)."""
+        return self.images.ensure_image(template, cuda)
 
     def image_present(self, template: str, cuda: str | None) -> bool:
-        """Whether `ensure_image` would return at once: no pull, no build.
-
-        Raises `SessionError` for a template or variant the config does not allow.
-        """
-        chosen, variant = resolve_template(self.config.templates, template, cuda)
-        base = self.config.templates.base_image or variant.base_image
-        base_id = self.engine.image_id(base)
-        if base_id is None:
-            return False
-        tag, _ = self._image_tag(chosen, variant, base, base_id)
-        return self.engine.image_id(tag) is not None
-
-    def _image_tag(
-        self, chosen: Template, variant: Variant, base: str, base_id: str
-    ) -> tuple[str, str]:
-        """The image tag of a template variant on `base`, and the hash it carries."""
-        access = self._support_directory(ACCESS_LAYER)
-        digest = image_digest([chosen.name, variant.name, base, base_id], chosen.directory, access)
-        prefix = self.config.templates.image_prefix
-        return image_tag(prefix, chosen.name, f"{variant.name}-{digest[:12]}"), digest
+        """Whether `ensure_image` would return at once: no pull, no build."""
+        return self.images.image_present(template, cuda)
 
     def ensure_ftp_image(self) -> str:
-        """The FTP sidecar's image tag, built if missing (hash of its files and base)."""
-        base = self.config.templates.base_image or FTP_DEFAULT_BASE_IMAGE
-        directory = self._support_directory(FTP_SIDECAR)
-        with self._image_lock:
-            base_id = self._base_image_id(base)
-            digest = image_digest(["ftp", base, base_id], directory)
-            tag = image_tag(self.config.templates.image_prefix, "session-ftp", digest[:12])
-            if self.engine.image_id(tag) is not None:
-                return tag
-            log.info("building image %s (FTP sidecar on %s)", tag, base)
-            self.engine.build(
-                context_archive(directory),
-                tag,
-                {"BASE_IMAGE": base},
-                {"gpuresa.base-image": base, "gpuresa.image-hash": digest},
-            )
-            return tag
-
-    def _support_directory(self, name: str) -> Path:
-        directory = templates_directory(self.config.templates) / name
-        if not (directory / "Dockerfile").is_file():
-            raise SessionError(
-                f"{directory / 'Dockerfile'} is missing: the templates directory must hold "
-                f"gpuresa's {name!r} folder next to the templates"
-            )
-        return directory
-
-    def _base_image_id(self, base: str) -> str:
-        image = self.engine.image_id(base)
-        if image is not None:
-            return image
-        log.info("base image %s is not here: pulling it", base)
-        try:
-            return self.engine.pull(base)
-        except EngineRefused as error:
-            raise SessionError(
-                f"base image {base} is not on this host and cannot be pulled ({error}); "
-                "load it (docker load) or set templates.base_image"
-            ) from None
+        """The FTP sidecar's image tag, built if missing."""
+        return self.images.ensure_ftp_image()
 
     # --- reading sessions back from Docker -------------------------------------------------
 
@@ -354,93 +257,17 @@ class Runtime:
         names = tuple(_name(container) for container in found.all)
         try:
             return session_from_labels(
-                reference["Config"]["Labels"], state, names, password, self._recorded_end(key)
+                reference["Config"]["Labels"], state, names, password, self.ends.recorded(key)
             )
         except (KeyError, ValueError) as error:
             log.warning("%s: containers %s have labels gpuresa cannot read (%s)", key, names, error)
             return None
 
-    # --- the end-time record ---------------------------------------------------------------
-
-    def _record_path(self, key: str) -> Path:
-        return self.config.daemon.state_dir / "sessions" / f"{safe_key(key)}.json"
-
-    def _recorded_end(self, key: str) -> datetime | None:
-        try:
-            record = json.loads(self._record_path(key).read_text(encoding="utf-8"))
-            if record.get("key") != key:
-                return None
-            return datetime.fromisoformat(record["end"]).astimezone(UTC)
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, KeyError, TypeError) as error:
-            log.warning("%s: ignoring unreadable record %s: %s", key, self._record_path(key), error)
-            return None
-
-    def _record_end(self, key: str, end: datetime) -> None:
-        path = self._record_path(key)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            temporary = path.with_suffix(".tmp")
-            temporary.write_text(json.dumps({"key": key, "end": utc_text(end)}) + "\n")
-            os.replace(temporary, path)
-        except OSError as error:
-            raise SessionError(
-                f"cannot record the new end of session {key} in {path}: {error}"
-            ) from None
-
-    def _forget_end(self, key: str) -> None:
-        try:
-            self._record_path(key).unlink()
-        except FileNotFoundError:
-            pass
-        except OSError as error:
-            log.warning("%s: cannot remove %s: %s", key, self._record_path(key), error)
-
     # --- checks before anything is made ----------------------------------------------------
 
     def check_spec(self, spec: SessionSpec) -> None:
-        """Refuse, with a `SessionError`, a spec this host cannot serve; creates nothing.
-
-        Checks the host, the login (again: defence in depth), the template and
-        variant against the allowlist, the GPUs against the host's, and the
-        ports against the host's ranges.
-        """
-        host = self.host
-        key = spec.key
-        if spec.host != host.name:
-            raise SessionError(f"session {key} is for host {spec.host!r}; this is {host.name!r}")
-        try:
-            check_login(spec.user)
-        except AccessError as error:
-            raise SessionError(f"session {key}: {error}") from None
-        resolve_template(self.config.templates, spec.template, spec.cuda)
-        if len(set(spec.gpus)) != len(spec.gpus):
-            raise SessionError(f"session {key}: GPUs {list(spec.gpus)} repeat an index")
-        available = self.host_gpus()
-        unknown = sorted(set(spec.gpus) - set(available))
-        if unknown:
-            raise SessionError(
-                f"session {key}: host {host.name} has no GPU {', '.join(map(str, unknown))} "
-                f"(it has {', '.join(map(str, available)) or 'none'})"
-            )
-        problems = []
-        if spec.ssh_port not in host.ssh_ports:
-            problems.append(f"SSH port {spec.ssh_port} is outside {host.ssh_ports}")
-        if spec.ftp_port not in host.ftp_ports:
-            problems.append(f"FTP port {spec.ftp_port} is outside {host.ftp_ports}")
-        passive = host.ftp_passive_ports
-        if not (
-            spec.ftp_passive_first in passive
-            and spec.ftp_passive_last in passive
-            and spec.ftp_passive_first <= spec.ftp_passive_last
-        ):
-            problems.append(
-                f"passive FTP ports {spec.ftp_passive_first}-{spec.ftp_passive_last} "
-                f"are outside {passive}"
-            )
-        if problems:
-            raise SessionError(f"session {key}: {'; '.join(problems)}")
+        """Refuse, with a `SessionError`, a spec this host cannot serve (see `specs.check_spec`)."""
+        check_spec(self.config, spec, self.host_gpus())
 
     def _gpu_access(self, gpus: Sequence[int]) -> GpuAccess:
         """`gpu_access` with what this host's /dev and driver files hold."""
@@ -537,7 +364,7 @@ class Runtime:
         except SessionError as error:
             self._remove_quietly(key)
             raise SessionError(f"session {key} could not be prepared: {error}") from None
-        self._forget_end(key)
+        self.ends.forget(key)
         log.info(
             "%s: prepared for %s (template %s %s, GPUs %s, ssh %d, ftp %d)",
             key, spec.user, spec.template, variant.name, list(spec.gpus),
@@ -621,7 +448,7 @@ class Runtime:
 
         A banner that cannot be written is logged: it never fails a start.
         """
-        recorded = self._recorded_end(key)
+        recorded = self.ends.recorded(key)
         if recorded is None:
             return
         try:
@@ -738,7 +565,7 @@ class Runtime:
             ]
         )
         self._remove_networks(key)
-        self._forget_end(key)
+        self.ends.forget(key)
         if session is None:
             log.debug("%s: nothing to stop", key)
             return
@@ -847,7 +674,7 @@ class Runtime:
         if not found.all:
             log.info("%s: no session to extend", key)
             return
-        self._record_end(key, end)
+        self.ends.record(key, end)
         if found.main is not None and _status(found.main) == "running":
             self._set_end(key, _name(found.main), end)
         log.info("%s: now ends at %s", key, utc_text(end))
@@ -866,66 +693,18 @@ class Runtime:
         key: str | None = None,
         email: str | None = None,
     ) -> SessionSpec:
-        """A spec for an ad-hoc session, with GPUs and ports free right now.
-
-        `gpus` is a count (the lowest free indices) or explicit indices. Raises
-        `SessionError` for a bad login, template or GPU choice, and
-        `AllocationError` when no GPUs or ports are left.
-        """
-        start = start or datetime.now(UTC)
-        if end <= start:
-            raise SessionError(f"the end {utc_text(end)} is not after the start {utc_text(start)}")
-        key = key or f"adhoc-{secrets.token_hex(4)}"
-        try:
-            check_login(user)
-        except AccessError as error:
-            raise SessionError(str(error)) from None
-        _, variant = resolve_template(self.config.templates, template, cuda)
-        sessions = self.list_sessions()
-        holdings = [
-            Holding(session.key, session.gpus, _ports(session), session.start, session.end)
-            for session in sessions
-        ]
-        available = self.host_gpus()
-        if isinstance(gpus, int):
-            chosen = allocate_gpus(available, gpus, start, end, holdings) if gpus else ()
-            if chosen is None:
-                raise SessionError(
-                    f"{gpus} GPU(s) asked, but host {self.host.name} has only "
-                    f"{len(available)} and sessions use some of them"
-                )
-        else:
-            chosen = tuple(gpus)
-            unknown = sorted(set(chosen) - set(available))
-            if unknown:
-                raise SessionError(
-                    f"host {self.host.name} has no GPU {', '.join(map(str, unknown))} "
-                    f"(it has {', '.join(map(str, available)) or 'none'})"
-                )
-            busy = {
-                index
-                for holding in holdings
-                if holding.start < end and start < holding.end
-                for index in holding.gpus
-            }
-            if busy.intersection(chosen):
-                raise SessionError(
-                    f"GPU(s) {sorted(busy.intersection(chosen))} are in use by another session"
-                )
-        ports = allocate_ports(self.host, [_ports(session) for session in sessions])
-        return SessionSpec(
-            key=key,
-            user=user,
-            host=self.host.name,
-            template=template,
-            cuda=variant.name,
-            gpus=chosen,
+        """A spec for an ad-hoc session with GPUs and ports free now (see `specs.new_spec`)."""
+        return new_spec(
+            self.config,
+            self.list_sessions(),
+            self.host_gpus(),
+            user,
+            template,
+            end,
+            cuda=cuda,
+            gpus=gpus,
             start=start,
-            end=end,
-            ssh_port=ports.ssh,
-            ftp_port=ports.ftp,
-            ftp_passive_first=ports.passive_first,
-            ftp_passive_last=ports.passive_last,
+            key=key,
             email=email,
         )
 
@@ -969,12 +748,6 @@ def _in_parallel(calls: Sequence[Callable[[], object]]) -> None:
             raise error
 
 
-def _ports(session: Session) -> Ports:
-    return Ports(
-        session.ssh_port, session.ftp_port, session.ftp_passive_first, session.ftp_passive_last
-    )
-
-
 def _expand(paths: Sequence[Path], key: str) -> list[Path]:
     """Config paths with glob patterns expanded; a plain path that is missing is refused."""
     expanded: list[Path] = []
@@ -990,45 +763,3 @@ def _expand(paths: Sequence[Path], key: str) -> list[Path]:
         else:
             raise SessionError(f"hosts.{key}: {path} does not exist on this host")
     return expanded
-
-
-def ssh_handshake(address: str, port: int, timeout: float) -> bool:
-    """True when an SSH server at address:port sends its banner and completes a key exchange."""
-    try:
-        with socket.create_connection((address, port), timeout=timeout) as probe:
-            probe.settimeout(timeout)
-            if not probe.recv(64).startswith(b"SSH-2.0-"):
-                return False
-    except OSError:
-        return False
-    transport: paramiko.Transport | None = None
-    try:
-        connection = socket.create_connection((address, port), timeout=timeout)
-        transport = paramiko.Transport(connection)
-        transport.banner_timeout = timeout
-        transport.start_client(timeout=timeout)
-        return transport.is_active() and transport.get_remote_server_key() is not None
-    except (OSError, EOFError, paramiko.SSHException):
-        return False
-    finally:
-        if transport is not None:
-            transport.close()
-
-
-def ftp_greeting(address: str, port: int, timeout: float) -> bool:
-    """True when an FTP server at address:port sends its 220 greeting."""
-    try:
-        with socket.create_connection((address, port), timeout=timeout) as probe:
-            probe.settimeout(timeout)
-            greeting = b""
-            while b"\n" not in greeting and len(greeting) < 1024:
-                chunk = probe.recv(1024)
-                if not chunk:
-                    break
-                greeting += chunk
-            ready = greeting.startswith(b"220")
-            if ready:
-                probe.sendall(b"QUIT\r\n")
-            return ready
-    except OSError:
-        return False
