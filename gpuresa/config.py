@@ -128,6 +128,10 @@ class HostConfig:
     """[[hosts]]: one GPU server, its GPUs and the ports its sessions may use."""
 
     name: str = Field(check=matches(NAME, "a host name"))
+    engine: Literal["docker", "podman"] = "docker"
+    engine_socket: str | None = Field(
+        None, check=matches(r"(unix|tcp|ssh)://\S+", "a URL such as unix:///run/podman/podman.sock")
+    )
     gpus: tuple[int, ...] | Literal["auto"] = Field(
         "auto", check=_gpu_indices, expected='a list of GPU indices or "auto"'
     )
@@ -299,6 +303,11 @@ def _cross_checks(config: Config) -> list[str]:
                         f"hosts[{index}].{second}: overlaps {first} "
                         f"({ranges[second]} and {ranges[first]})"
                     )
+        if host.engine == "podman" and host.gpu_mode == "nvidia":
+            problems.append(
+                f"hosts[{index}].gpu_mode: Podman has no NVIDIA device requests; "
+                'use "cdi" (NVIDIA Container Toolkit\'s CDI spec) or "devices"'
+            )
         if len(host.ftp_passive_ports) < host.ftp_passive_per_session:
             problems.append(
                 f"hosts[{index}].ftp_passive_ports: fewer ports than "

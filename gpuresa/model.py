@@ -81,6 +81,18 @@ class SessionSpec:
 
 
 @dataclass(frozen=True)
+class IdRange:
+    """The host uids and gids a session's user namespace maps ids 0 to count-1 onto."""
+
+    uid: int
+    gid: int
+    count: int
+
+    def __str__(self) -> str:
+        return f"{self.uid}-{self.uid + self.count - 1}"
+
+
+@dataclass(frozen=True)
 class Session:
     """A session as Docker shows it, rebuilt from the containers' `gpuresa.*` labels."""
 
@@ -103,3 +115,5 @@ class Session:
     ftp_password: str = field(default="", repr=False)
     email: str | None = None
     containers: tuple[str, ...] = ()
+    # the host ids of the session's user namespace (None: none, or not known)
+    id_range: IdRange | None = None

@@ -39,9 +39,9 @@ from gpuresa.config import Config, parse_config
 from gpuresa.model import Session, SessionSpec
 from gpuresa.runtime import Runtime, RuntimeUnavailable, SessionError
 from gpuresa.runtime.engine import Engine, EngineRefused
+from gpuresa.runtime.engines import require_user_namespaces
 from gpuresa.runtime.output import remap_base
 from gpuresa.runtime.payload import session_name
-from gpuresa.runtime.runtime import require_user_namespaces
 
 LOGINS = ("alice", "bob")
 

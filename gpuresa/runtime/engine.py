@@ -63,9 +63,16 @@ class Engine:
     that making an `Engine` never fails while the engine is away.
     """
 
-    def __init__(self, client: Any | None = None, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(
+        self,
+        client: Any | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        *,
+        base_url: str | None = None,
+    ) -> None:
         self._client = client
         self.timeout = timeout
+        self.base_url = base_url
 
     # --- plumbing ---------------------------------------------------------------------
 
@@ -73,7 +80,12 @@ class Engine:
     def client(self) -> Any:
         if self._client is None:
             try:
-                self._client = docker.from_env(timeout=int(self.timeout))
+                if self.base_url is not None:
+                    self._client = docker.DockerClient(
+                        base_url=self.base_url, timeout=int(self.timeout)
+                    )
+                else:
+                    self._client = docker.from_env(timeout=int(self.timeout))
             except docker.errors.DockerException as error:
                 raise RuntimeUnavailable(f"the Docker engine does not answer: {error}") from None
         return self._client
@@ -119,6 +131,28 @@ class Engine:
         """`docker info`."""
         result: dict[str, Any] = self._call("read the engine's info", None, self.api.info)
         return result
+
+    def version(self) -> dict[str, Any]:
+        """`docker version`: the engine's name and versions (`Components`)."""
+        result: dict[str, Any] = self._call("read the engine's version", None, self.api.version)
+        return result
+
+    def libpod(self, path: str, key: str | None = None) -> Any:
+        """GET `path` of Podman's own API (`/v4.0.0/libpod/...`); its decoded JSON.
+
+        Podman's Docker-compatible API leaves out what only Podman has (a
+        container's ID mappings, whether the service is rootless); its own API
+        reached through the same socket and client tells them. Raises
+        `NotFound` (404) and `EngineRefused` like every other call.
+        """
+        api = self.api
+
+        def get() -> Any:
+            # the SDK builds Docker's versioned URLs; Podman's API has versions of its own
+            response = api._get(f"{api.base_url}/v4.0.0/libpod/{path.lstrip('/')}")
+            return api._result(response, json=True)
+
+        return self._call(f"read Podman's {path}", key, get)
 
     # --- images -------------------------------------------------------------------------
 

@@ -1,9 +1,11 @@
 """A session's output folder on the host: where it is, who owns it, who gets it after.
 
-Under `userns-remap` the container's uid U is uid `base + U` on the host, so
-the folder is given to that remapped uid: the session's login (over SSH) and
-the FTP sidecar (same uid) can write it, and nobody else on the host but root
-can. After the session it may be handed to the login's own host account.
+In a user namespace the container's uid U is uid `base + U` on the host (one
+base for every Docker session under `userns-remap`, one per session on
+Podman, see `engines`), so the folder is given to that remapped uid: the
+session's login (over SSH) and the FTP sidecar (same uid) can write it, and
+nobody else on the host but root can. After the session it may be handed to
+the login's own host account.
 Symbolic links are never followed: the user controls what is inside.
 """
 
@@ -100,6 +102,22 @@ def _give_tree(top: Path, uid: int, gid: int) -> None:
         os.fchown(top_fd, uid, gid)
     finally:
         os.close(top_fd)
+
+
+def make_output_folder(path: Path) -> None:
+    """Make the output folder (mode 0750, root's) if it is not there; an existing one is kept.
+
+    The engine needs the folder to exist before it creates the containers that
+    mount it; `prepare_output` gives it to the session once its ids are known.
+    Raises `SessionError` when it cannot be made or is a link.
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_symlink():
+            raise SessionError(f"output folder {path} is a symbolic link; refusing to use it")
+        path.mkdir(mode=OUTPUT_MODE, exist_ok=True)
+    except OSError as error:
+        raise SessionError(f"cannot make output folder {path}: {error}") from None
 
 
 def prepare_output(path: Path, uid: int, gid: int, key: str) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from gpuresa.config import Config, HostConfig, LimitsConfig
-from gpuresa.model import Session, SessionSpec
+from gpuresa.model import IdRange, Session, SessionSpec
 from gpuresa.runtime.errors import SessionError
 
 # the labels every session container and network carries; a session is rebuilt from them
@@ -125,8 +125,12 @@ def session_from_labels(
     containers: tuple[str, ...],
     ftp_password: str = "",
     end: datetime | None = None,
+    id_range: IdRange | None = None,
 ) -> Session:
     """The `Session` a container's labels describe; `end` overrides the label's.
+
+    `id_range` is the session's host ids, which labels cannot hold (Podman
+    chooses them after the labels are written).
 
     Raises `ValueError` (or `KeyError`) on labels that gpuresa did not write.
     """
@@ -150,6 +154,7 @@ def session_from_labels(
         ftp_password=ftp_password,
         email=labels.get("gpuresa.email") or None,
         containers=containers,
+        id_range=id_range,
     )
 
 
@@ -276,6 +281,8 @@ class MainContainer:
     end_text: str
     command: tuple[str, ...] = ()
     gpu: GpuAccess = field(default_factory=GpuAccess)
+    # what the engine adds to HostConfig (Podman: the session's own user namespace)
+    engine_settings: Mapping[str, Any] = field(default_factory=dict)
 
 
 def main_payload(
@@ -327,6 +334,7 @@ def main_payload(
         "Init": True,
         "RestartPolicy": {"Name": "no"},
         **_limits(config.limits),
+        **main.engine_settings,
     }
     return {
         "Image": main.image,
@@ -369,13 +377,15 @@ def ftp_payload(
     output_dir: Path,
     labels: Mapping[str, str],
     announced_address: str = "",
+    engine_settings: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The create payload of a session's FTP sidecar (vsftpd on the output folder).
 
     The passive ports are published on the same numbers inside and out: the
     PASV reply names the port the server listens on, and `announced_address`
     (an IPv4 address; empty: vsftpd's own, which clients that trust the control
-    connection's address, most of them, ignore).
+    connection's address, most of them, ignore). `engine_settings` are added
+    to HostConfig (Podman: the main container's user namespace, forced).
     """
     host = config.host(spec.host)
     network = session_name(spec.host, spec.key)
@@ -419,6 +429,7 @@ def ftp_payload(
             "RestartPolicy": {"Name": "no"},
             "PidsLimit": FTP_PIDS_LIMIT,
             "Memory": FTP_MEMORY_BYTES,
+            **(engine_settings or {}),
         },
         "NetworkingConfig": {"EndpointsConfig": {network: {"Aliases": ["ftp"]}}},
     }

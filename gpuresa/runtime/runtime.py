@@ -18,7 +18,7 @@ import re
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -36,9 +36,10 @@ from gpuresa.access import (
 from gpuresa.config import Config, HostConfig
 from gpuresa.model import Session, SessionSpec
 from gpuresa.runtime.engine import Engine, EngineRefused, dumps
+from gpuresa.runtime.engines import EngineKind, engine_kind
 from gpuresa.runtime.errors import RuntimeUnavailable, SessionError
 from gpuresa.runtime.images import Images
-from gpuresa.runtime.output import hand_over, output_path, prepare_output, remap_base
+from gpuresa.runtime.output import hand_over, make_output_folder, output_path, prepare_output
 from gpuresa.runtime.payload import (
     FTP_ROLE,
     HOST_LABEL,
@@ -128,10 +129,13 @@ class Runtime:
 
     def __init__(self, config: Config, client: DockerClient | None = None) -> None:
         self.config = config
-        self.engine = Engine(client)
+        host = next((host for host in config.hosts if host.name == config.daemon.host), None)
+        self.kind: EngineKind = engine_kind(host.engine if host else "docker")
+        socket = (host.engine_socket if host else None) or self.kind.default_socket
+        self.engine = Engine(client, base_url=None if client else socket)
         self.images = Images(config.templates, self.engine)
         self.ends = EndRecords(config.daemon.state_dir / "sessions")
-        self._remap: tuple[int, int] | None = None
+        self._checked = False
         self._gpus: tuple[datetime, tuple[int, ...]] | None = None
 
     # --- what the host has -----------------------------------------------------------------
@@ -169,17 +173,15 @@ class Runtime:
         self._gpus = (now, indices)
         return indices
 
-    def remapped_ids(self) -> tuple[int, int]:
-        """The host uid and gid of root in containers.
+    def check_engine(self) -> None:
+        """Refuse, with a `SessionError`, an engine where sessions get no user namespace.
 
-        Raises `SessionError` when the engine runs without user namespaces
-        (see `require_user_namespaces`): sessions are never made there.
+        Docker must run with userns-remap; Podman must be the rootful service
+        with a `containers` id range (see `engines`). Checked once.
         """
-        if self._remap is None:
-            info = self.engine.info()
-            require_user_namespaces(info)
-            self._remap = remap_base(info)
-        return self._remap
+        if not self._checked:
+            self.kind.check(self.engine)
+            self._checked = True
 
     # --- images ----------------------------------------------------------------------------
 
@@ -256,8 +258,18 @@ class Runtime:
         password = _environment(found.ftp).get("FTP_PASSWORD", "") if found.ftp else ""
         names = tuple(_name(container) for container in found.all)
         try:
+            id_range = self.kind.session_range(self.engine, found.main) if found.main else None
+        except EngineRefused as error:
+            log.debug("%s: id range not readable: %s", key, error)
+            id_range = None
+        try:
             return session_from_labels(
-                reference["Config"]["Labels"], state, names, password, self.ends.recorded(key)
+                reference["Config"]["Labels"],
+                state,
+                names,
+                password,
+                self.ends.recorded(key),
+                id_range,
             )
         except (KeyError, ValueError) as error:
             log.warning("%s: containers %s have labels gpuresa cannot read (%s)", key, names, error)
@@ -301,7 +313,7 @@ class Runtime:
         key = spec.key
         self.check_spec(spec)
         # before anything is made: an engine without user namespaces is refused
-        remapped_uid, remapped_gid = self.remapped_ids()
+        self.check_engine()
         found = self._find(key)
         existing = self._session(key, found)
         if existing is not None and found.complete and existing.state in ("created", "running"):
@@ -326,7 +338,7 @@ class Runtime:
         image = self.ensure_image(spec.template, variant.name)
         ftp_image = self.ensure_ftp_image()
         output_dir = output_path(self.config, spec)
-        prepare_output(output_dir, remapped_uid + uid, remapped_gid + uid, key)
+        make_output_folder(output_dir)
 
         labelled = dataclasses.replace(spec, cuda=variant.name)
         labels = session_labels(labelled, uid, output_dir, credentials.user)
@@ -338,27 +350,34 @@ class Runtime:
             end_text=end_text(spec.end, self.config.reservations.timezone),
             command=template.command or (),
             gpu=gpu,
+            engine_settings=self.kind.main_settings(self.config.limits),
         )
         main_config = main_payload(self.config, labelled, main, labels)
-        sidecar_config = ftp_payload(
-            self.config,
-            labelled,
-            ftp_image,
-            uid,
-            credentials.user,
-            credentials.password,
-            output_dir,
-            labels,
-            self._announced_address(key),
-        )
         log.debug("%s: main container %s", key, dumps(main_config))
-        log.debug("%s: FTP sidecar %s", key, dumps(sidecar_config))
         name = session_name(spec.host, key)
         sidecar = ftp_name(spec.host, key)
         try:
             self.engine.create_network(name, {**labels, ROLE_LABEL: NETWORK_ROLE}, key)
+            main_id = self.engine.create_container(name, main_config, key)
+            # the session's host ids are known once its main container exists (Podman
+            # chooses them then); its output is theirs before anything of the user's runs
+            ids = self.kind.created(self.engine, main_id, spec.gpus, key)
+            base_uid, base_gid = (ids.uid, ids.gid) if ids else (0, 0)
+            prepare_output(output_dir, base_uid + uid, base_gid + uid, key)
+            sidecar_config = ftp_payload(
+                self.config,
+                labelled,
+                ftp_image,
+                uid,
+                credentials.user,
+                credentials.password,
+                output_dir,
+                labels,
+                self._announced_address(key),
+                self.kind.sidecar_settings(ids, self.config.limits),
+            )
+            log.debug("%s: FTP sidecar %s", key, dumps(sidecar_config))
             self.engine.create_container(sidecar, sidecar_config, key)
-            self.engine.create_container(name, main_config, key)
             if start_sidecar:
                 self.engine.start_container(sidecar, key)
         except SessionError as error:
@@ -706,31 +725,6 @@ class Runtime:
             start=start,
             key=key,
             email=email,
-        )
-
-
-# SecurityOptions names under which root in a container is not root on the host
-USER_NAMESPACE_OPTIONS = frozenset({"userns", "rootless"})
-
-
-def require_user_namespaces(info: Mapping[str, Any]) -> None:
-    """Check that the engine whose `docker info` is `info` runs containers in user namespaces.
-
-    Given the engine's info; returns when its SecurityOptions name `userns`
-    (userns-remap) or `rootless`. Raises `SessionError` otherwise: a session's
-    user has sudo in its container, which without user namespaces is root on
-    the host.
-    """
-    names = set()
-    for option in info.get("SecurityOptions") or []:
-        # "name=userns" since API 1.26, a bare "userns" before
-        fields = dict(part.partition("=")[::2] for part in str(option).split(","))
-        names.add(fields.get("name", str(option)))
-    if not names & USER_NAMESPACE_OPTIONS:
-        raise SessionError(
-            "the Docker engine runs without user namespaces; set userns-remap (for example "
-            '"userns-remap": "default" in /etc/docker/daemon.json) and restart Docker, or run '
-            "Docker rootless: without them a session's root is root on the host"
         )
 
 
