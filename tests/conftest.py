@@ -1,4 +1,4 @@
-"""Real services for the tests: Radicale (CalDAV), a Docker engine, an SMTP server.
+"""Real services for the tests: Radicale (CalDAV), Docker and Podman engines, an SMTP server.
 
 A service that cannot start makes the test fail loudly; nothing here skips.
 Everything a test makes in Docker carries the run's label (or this run's host
@@ -36,6 +36,10 @@ RUN_ID = uuid.uuid4().hex[:10]
 # tells them apart from anything else on the engine.
 TEST_HOST = f"test-{RUN_ID}"
 RUN_LABEL = "gpuresa.test-run"
+PODMAN_SOCKET = "unix:///run/podman/podman.sock"
+# The engines sessions run on; tests of what an engine does take `engine_harness`
+# and run once on each, the rest use Docker alone.
+ENGINES = ("docker", "podman")
 
 
 def free_port() -> int:
@@ -188,6 +192,12 @@ class DockerHarness:
     client: Any
     run_label: dict[str, str] = field(default_factory=lambda: {RUN_LABEL: RUN_ID})
     host_name: str = TEST_HOST
+    engine: str = "docker"
+
+    @property
+    def socket(self) -> str | None:
+        """The engine's socket for a gpuresa config (None: Docker's from the environment)."""
+        return PODMAN_SOCKET if self.engine == "podman" else None
 
     def run(self, image: str = BASE_IMAGE, command: Any = None, **options: Any) -> Any:
         """`docker run -d` with the run's label; removed at the end of the test."""
@@ -236,31 +246,66 @@ class DockerHarness:
             print(json.dumps(container.attrs.get("HostConfig", {}), indent=2)[:4000])
 
 
-@pytest.fixture(scope="session")
-def docker_client() -> Iterator[Any]:
-    """A client of the real engine; fails the run (never skips) when none answers."""
+def _engine_client(engine: str) -> Any:
+    """A client of the real `engine`; fails the run (never skips) when it does not answer."""
     try:
-        client = docker.from_env(timeout=120)
+        if engine == "podman":
+            client = docker.DockerClient(base_url=PODMAN_SOCKET, timeout=120)
+        else:
+            client = docker.from_env(timeout=120)
         client.ping()
     except Exception as error:  # any failure to reach the engine is fatal here
-        pytest.fail(f"no Docker engine answers ({error}); run `make setup` first")
+        pytest.fail(f"no {engine} engine answers ({error}); run `make setup` first")
     try:
         client.images.get(BASE_IMAGE)
     except docker.errors.ImageNotFound:
-        pytest.fail(f"the base image {BASE_IMAGE} is missing; run `make setup` first")
+        pytest.fail(f"the base image {BASE_IMAGE} is missing in {engine}; run `make setup` first")
+    return client
+
+
+@pytest.fixture(scope="session")
+def docker_client() -> Iterator[Any]:
+    """A client of the real Docker engine."""
+    client = _engine_client("docker")
     yield client
     DockerHarness(client).remove_all()
     client.close()
 
 
-@pytest.fixture
-def docker_harness(docker_client: Any, request: pytest.FixtureRequest) -> Iterator[DockerHarness]:
-    """The engine for one test; dumps logs on failure and removes what the test made."""
-    harness = DockerHarness(docker_client)
+@pytest.fixture(scope="session")
+def podman_client() -> Iterator[Any]:
+    """A client of the real Podman service, through its Docker-compatible API."""
+    client = _engine_client("podman")
+    yield client
+    DockerHarness(client, engine="podman").remove_all()
+    client.close()
+
+
+def _harness(client: Any, engine: str, request: pytest.FixtureRequest) -> Iterator[DockerHarness]:
+    harness = DockerHarness(client, engine=engine)
     yield harness
     if _failed(request):
         harness.dump()
     harness.remove_all()
+
+
+@pytest.fixture
+def docker_harness(docker_client: Any, request: pytest.FixtureRequest) -> Iterator[DockerHarness]:
+    """The Docker engine for one test; dumps logs on failure and removes what the test made."""
+    yield from _harness(docker_client, "docker", request)
+
+
+@pytest.fixture
+def podman_harness(podman_client: Any, request: pytest.FixtureRequest) -> Iterator[DockerHarness]:
+    """The Podman service for one test, as `docker_harness`."""
+    yield from _harness(podman_client, "podman", request)
+
+
+@pytest.fixture(params=ENGINES)
+def engine_harness(request: pytest.FixtureRequest) -> Iterator[DockerHarness]:
+    """Each engine in turn, for the tests of what the engines must do alike."""
+    client = request.getfixturevalue(f"{request.param}_client")
+    yield from _harness(client, request.param, request)
 
 
 # --- SMTP --------------------------------------------------------------------------------

@@ -1,4 +1,9 @@
-"""Sessions on the real Docker engine (userns-remap), built on the local base image.
+"""Sessions on the real engines, Docker (userns-remap) and Podman (userns=auto), built on
+the local base image.
+
+What an engine does (logins, FTP, mounts, confinement, stop, adoption, GPU
+devices) is tested on both, through the `site` fixture; what only gpuresa
+decides (refused requests, commands) on Docker alone, through `docker_site`.
 
 Each test gets a site of its own in tmp_path (keys, input, output, state) and
 free port ranges on 127.0.0.1; every container and network carries the test
@@ -23,7 +28,7 @@ import stat
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -31,7 +36,7 @@ from typing import Any
 
 import paramiko
 import pytest
-from conftest import BASE_IMAGE, TEST_HOST, DockerHarness
+from conftest import BASE_IMAGE, PODMAN_SOCKET, TEST_HOST, DockerHarness
 
 from gpuresa.allocation import AllocationError
 from gpuresa.cli import main
@@ -78,6 +83,10 @@ class Site:
     client: Any
 
     @property
+    def engine(self) -> str:
+        return self.config.host().engine
+
+    @property
     def inputs(self) -> Path:
         return self.root / "input"
 
@@ -99,6 +108,7 @@ def make_site(
     sessions: int = 4,
     gpu_mode: str = "none",
     gpus: list[int] | None = None,
+    engine: str = "docker",
     **host: Any,
 ) -> Site:
     for folder in ("keys", "private", "input", "output", "state"):
@@ -128,6 +138,8 @@ def make_site(
         "hosts": [
             {
                 "name": TEST_HOST,
+                "engine": engine,
+                **({"engine_socket": PODMAN_SOCKET} if engine == "podman" else {}),
                 "gpus": gpus if gpus is not None else [],
                 "gpu_mode": gpu_mode,
                 "bind_address": "127.0.0.1",
@@ -150,16 +162,51 @@ def make_site(
 
 
 @pytest.fixture(scope="module")
-def images(docker_client: Any, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Build (or find) the images once for the module, so no test waits for a build."""
-    site = make_site(tmp_path_factory.mktemp("images"), docker_client)
-    site.runtime().ensure_image("pytorch", None)
-    site.runtime().ensure_ftp_image()
+def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[DockerHarness], None]]:
+    """Build (or find) the images once per engine for the module, so no test waits for one."""
+    engines: set[str] = set()
+
+    def build(harness: DockerHarness) -> None:
+        if harness.engine in engines:
+            return
+        root = tmp_path_factory.mktemp(f"images-{harness.engine}")
+        site = make_site(root, harness.client, engine=harness.engine)
+        site.runtime().ensure_image("pytorch", None)
+        site.runtime().ensure_ftp_image()
+        engines.add(harness.engine)
+
+    yield build
 
 
 @pytest.fixture
-def site(tmp_path: Path, docker_harness: DockerHarness, images: None) -> Site:
+def images(docker_harness: DockerHarness, built: Callable[[DockerHarness], None]) -> None:
+    built(docker_harness)
+
+
+@pytest.fixture
+def site(
+    tmp_path: Path, engine_harness: DockerHarness, built: Callable[[DockerHarness], None]
+) -> Site:
+    """A site on each engine in turn."""
+    built(engine_harness)
+    return make_site(tmp_path, engine_harness.client, engine=engine_harness.engine)
+
+
+@pytest.fixture
+def docker_site(tmp_path: Path, docker_harness: DockerHarness, images: None) -> Site:
+    """A site on Docker, for what does not depend on the engine."""
     return make_site(tmp_path, docker_harness.client)
+
+
+def host_uid(site: Site, session: Session, uid: int) -> int:
+    """The host uid of container uid `uid` in `session`, checked against the engine."""
+    assert session.id_range is not None, "sessions must run in a user namespace"
+    if site.engine == "docker":
+        # every Docker session shares userns-remap's range
+        assert session.id_range.uid == remap_base(site.client.info())[0] > 0
+    else:
+        assert session.id_range.uid >= 2000000  # from the `containers` range setup gives
+    return session.id_range.uid + uid
 
 
 # --- how users get in -------------------------------------------------------------------------
@@ -264,11 +311,9 @@ def test_a_session_gives_ssh_with_sudo_inputs_and_ftp(site: Site) -> None:
         assert owners.split() == ["alice", "alice"]
 
     # on the host, the output belongs to the container user's remapped uid
-    remapped, _ = remap_base(site.client.info())
     uid = int(site.client.containers.get(session.containers[0]).labels["gpuresa.uid"])
-    assert remapped > 0, "the engine must run with userns-remap"
     for name in ("from-ssh.txt", "from-ftp.txt"):
-        assert (session.output_dir / name).stat().st_uid == remapped + uid
+        assert (session.output_dir / name).stat().st_uid == host_uid(site, session, uid)
     assert session.output_dir.is_relative_to(site.root / "output" / "alice")
 
 
@@ -278,7 +323,13 @@ def test_the_containers_are_confined(site: Site) -> None:
     main_container = site.client.containers.get(session.containers[0])
     settings = main_container.attrs["HostConfig"]
     assert settings["Privileged"] is False
-    assert settings["CapDrop"] == ["ALL"]
+    if site.engine == "docker":
+        assert settings["CapDrop"] == ["ALL"]
+    else:
+        # Podman lists what it dropped of its defaults rather than "ALL"
+        assert {"AUDIT_WRITE", "FSETID", "NET_BIND_SERVICE", "SETFCAP", "SETPCAP"} <= set(
+            settings["CapDrop"]
+        )
     assert settings["ShmSize"] == 256 * 1024**2
     assert settings["PidsLimit"] == 512
     mounts = {mount["Destination"]: mount for mount in main_container.attrs["Mounts"]}
@@ -384,9 +435,9 @@ def host_login() -> Iterator[str]:
 
 
 def test_stop_hands_the_output_to_the_users_host_account(
-    tmp_path: Path, docker_harness: DockerHarness, images: None, host_login: str
+    tmp_path: Path, site: Site, host_login: str
 ) -> None:
-    site = make_site(tmp_path, docker_harness.client)
+    site = make_site(tmp_path / "own", site.client, engine=site.engine)
     site = Site(
         site.root,
         dataclasses.replace(
@@ -404,8 +455,8 @@ def test_stop_hands_the_output_to_the_users_host_account(
         # the login has the same uid inside as on the host
         assert run(client, "id -u")[1].strip() == str(account.pw_uid)
         run(client, "mkdir /output/run1 && echo done > /output/run1/log.txt")
-    remapped, _ = remap_base(site.client.info())
-    assert (session.output_dir / "run1" / "log.txt").stat().st_uid == remapped + account.pw_uid
+    log_owner = (session.output_dir / "run1" / "log.txt").stat().st_uid
+    assert log_owner == host_uid(site, session, account.pw_uid)
     runtime.stop(session.key, timedelta(seconds=2))
     for path in (
         session.output_dir,
@@ -486,8 +537,9 @@ def test_a_stopped_session_is_listed_as_stopped_and_started_afresh(site: Site) -
     ],
 )
 def test_a_bad_request_fails_clearly_and_leaves_nothing(
-    site: Site, change: dict[str, Any], reason: str
+    docker_site: Site, change: dict[str, Any], reason: str
 ) -> None:
+    site = docker_site
     runtime = site.runtime()
     spec = dataclasses.replace(site.spec(runtime), **change)
     with pytest.raises(SessionError, match=reason.replace("(", r"\(").replace(".", r"\.")):
@@ -522,8 +574,9 @@ def test_only_an_engine_with_user_namespaces_is_accepted(docker_harness: DockerH
 
 
 def test_no_session_is_made_on_an_engine_without_user_namespaces(
-    site: Site, monkeypatch: pytest.MonkeyPatch
+    docker_site: Site, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    site = docker_site
     runtime = site.runtime()
     stripped = without_user_namespaces(runtime.engine.info())
     monkeypatch.setattr(runtime.engine, "info", lambda: stripped)
@@ -649,7 +702,7 @@ def stand_in_gpus() -> Iterator[list[str]]:
 
 
 def test_devices_mode_passes_the_booked_gpu_only(
-    tmp_path: Path, docker_harness: DockerHarness, images: None, stand_in_gpus: list[str]
+    tmp_path: Path, site: Site, stand_in_gpus: list[str]
 ) -> None:
     drivers = tmp_path / "driver"
     drivers.mkdir()
@@ -659,7 +712,8 @@ def test_devices_mode_passes_the_booked_gpu_only(
     smi.chmod(0o755)
     site = make_site(
         tmp_path / "site",
-        docker_harness.client,
+        site.client,
+        engine=site.engine,
         gpu_mode="devices",
         gpus=[0, 1],
         driver_libraries=[str(drivers / "libnvidia-*.so.1")],
@@ -690,8 +744,9 @@ def test_devices_mode_passes_the_booked_gpu_only(
 
 
 def test_session_commands_start_list_and_stop(
-    site: Site, capsys: pytest.CaptureFixture[str]
+    docker_site: Site, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    site = docker_site
     config = site.root / "config.toml"
     config.write_text(_toml(site))
     code = main(
@@ -748,8 +803,10 @@ shm_size = "256m"
 """
 
 
-def test_the_gateway_treats_gone_as_removed_and_names_refusals(docker_client: Any) -> None:
-    engine = Engine(docker_client)
+def test_the_gateway_treats_gone_as_removed_and_names_refusals(
+    engine_harness: DockerHarness,
+) -> None:
+    engine = Engine(engine_harness.client)
     engine.remove_container(f"gpuresa-{TEST_HOST}-never-was")
     engine.remove_network(f"gpuresa-{TEST_HOST}-never-was")
     engine.stop_container(f"gpuresa-{TEST_HOST}-never-was", 1)

@@ -15,7 +15,9 @@ how a session gets its user namespace, and so which host ids its files have:
   is given to it, then the FTP sidecar is created with the same mapping forced
   (`uidmapping=`), so a file is the session's on both sides.
 
-Podman differs in two smaller ways, handled here too: it gives containers an
+Podman differs in three smaller ways, handled here too: unlike Docker it leaves
+ports below 1024 privileged in a container's network namespace (sshd needs
+22); it gives containers an
 open-file and process limit (1048576 and 4194304) that a process in a user
 namespace cannot raise itself to unless the service already has them, so the
 payload names limits it can have; and its Docker API (4.x) ignores device
@@ -217,7 +219,13 @@ class Podman(EngineKind):
                 )
 
     def main_settings(self, limits: LimitsConfig) -> dict[str, Any]:
-        return {"UsernsMode": f"auto:size={SESSION_ID_COUNT}", "Ulimits": _ulimits(limits)}
+        return {
+            "UsernsMode": f"auto:size={SESSION_ID_COUNT}",
+            "Ulimits": _ulimits(limits),
+            # what Docker sets in every container with a network of its own: sshd
+            # binds port 22 without NET_BIND_SERVICE (see payload.MAIN_CAPABILITIES)
+            "Sysctls": {"net.ipv4.ip_unprivileged_port_start": "0"},
+        }
 
     def sidecar_settings(self, ids: IdRange | None, limits: LimitsConfig) -> dict[str, Any]:
         if ids is None:
