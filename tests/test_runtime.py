@@ -161,8 +161,10 @@ def make_site(
     return Site(root, parse_config(data, str(root / "config.toml")), client)
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[DockerHarness], None]]:
+@pytest.fixture(scope="module", name="built")
+def built_fixture(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Callable[[DockerHarness], None]]:
     """Build (or find) the images once per engine for the module, so no test waits for one."""
     engines: set[str] = set()
 
@@ -183,8 +185,8 @@ def images(docker_harness: DockerHarness, built: Callable[[DockerHarness], None]
     built(docker_harness)
 
 
-@pytest.fixture
-def site(
+@pytest.fixture(name="site")
+def site_fixture(
     tmp_path: Path, engine_harness: DockerHarness, built: Callable[[DockerHarness], None]
 ) -> Site:
     """A site on each engine in turn."""

@@ -102,6 +102,9 @@ def status_report(config: Config, now: datetime) -> dict[str, Any]:
             "since": _iso(session.start),
             "until": _iso(session.end),
             "output": str(session.output_dir),
+            # the host uids its user namespace maps 0-65535 onto (one range per
+            # session on Podman, the same for all on Docker)
+            "host_ids": str(session.id_range) if session.id_range else None,
         }
         for session in sorted(sessions, key=lambda item: (item.start, item.key))
     ]
@@ -163,7 +166,7 @@ def status_command(arguments: argparse.Namespace) -> int:
         print(
             f"  {item['key']:<40} {item['user']:<12} GPUs {item['gpus']!s:<10} "
             f"ssh {item['ssh_port']} ftp {item['ftp_port']}  {item['since']} → {item['until']}"
-            f"  [{item['state']}]"
+            f"  [{item['state']}]  host ids {item['host_ids'] or 'none'}"
         )
     print(f"\nupcoming reservations ({len(report['upcoming'])}):")
     for item in report["upcoming"]:
