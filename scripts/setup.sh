@@ -2,8 +2,11 @@
 # Idempotent set-up of the development environment, run by `make setup`:
 #   1. .venv with gpuresa and its test extras (reinstalled when pyproject.toml changes);
 #   2. a Docker engine with user namespaces (installed and started when none answers);
-#   3. the local base image gpuresa/base:bookworm (rebuilt when its recipe changes).
-# Needs root on Debian/Ubuntu for steps 2 and 3 when something is missing.
+#   3. the local base image gpuresa/base:bookworm (rebuilt when its recipe changes);
+#   4. a rootful Podman API service next to Docker (separate storage in
+#      /var/lib/containers, netavark networks), with a `containers` id range for
+#      userns=auto, and the base image loaded into it (when its recipe changed).
+# Needs root on Debian/Ubuntu for steps 2 to 4 when something is missing.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -11,6 +14,11 @@ ROOT=$(pwd)
 PYTHON=${PYTHON:-python3}
 BASE_IMAGE=gpuresa/base:bookworm
 DOCKERD_LOG=/var/log/gpuresa-dockerd.log
+PODMAN_SOCKET=/run/podman/podman.sock
+PODMAN_LOG=/var/log/gpuresa-podman.log
+# the host ids Podman hands out with userns=auto: 64 sessions of 65536, clear of
+# Docker's dockremap range (100000-165535)
+PODMAN_ID_RANGE=containers:2000000:4194304
 
 say() { printf 'setup: %s\n' "$*"; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
@@ -112,5 +120,65 @@ else
         --change 'CMD ["/bin/bash"]' \
         "$workdir/base.tar" "$BASE_IMAGE" >/dev/null
     say "built $BASE_IMAGE"
+fi
+
+# --- 4. Podman ----------------------------------------------------------------------
+podman_answers() {
+    timeout 10 curl -sf --unix-socket "$PODMAN_SOCKET" http://podman/_ping >/dev/null 2>&1
+}
+command -v curl >/dev/null 2>&1 || apt_install curl
+# catatonit: the init of containers with "Init": true; netavark and aardvark-dns:
+# the networks, with names resolved inside them
+for tool in podman catatonit netavark aardvark-dns; do
+    if ! command -v "$tool" >/dev/null 2>&1 && [ ! -x "/usr/libexec/podman/$tool" ] \
+        && [ ! -x "/usr/lib/podman/$tool" ]; then
+        apt_install podman crun catatonit netavark aardvark-dns uidmap
+        break
+    fi
+done
+for file in /etc/subuid /etc/subgid; do
+    if ! grep -q '^containers:' "$file" 2>/dev/null; then
+        if [ "$(id -u)" != 0 ]; then die "need root to add a containers range to $file"; fi
+        echo "$PODMAN_ID_RANGE" >> "$file"
+        say "$file: $PODMAN_ID_RANGE (the ids Podman's userns=auto hands out)"
+    fi
+done
+if podman_answers; then
+    say "Podman API service answers"
+else
+    if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+        say "starting podman.socket"
+        systemctl enable --now podman.socket
+    else
+        options=()
+        # crun refuses the hybrid cgroup layout (v1 controllers plus a v2 tree that
+        # holds controllers of its own); runc, which Docker uses too, does not
+        if [ -d /sys/fs/cgroup/unified ] && command -v runc >/dev/null 2>&1; then
+            options=(--runtime runc)
+        fi
+        say "starting the Podman API service ${options[*]} (log: $PODMAN_LOG)"
+        mkdir -p "$(dirname "$PODMAN_SOCKET")"
+        nohup podman "${options[@]}" system service --time=0 "unix://$PODMAN_SOCKET" \
+            >"$PODMAN_LOG" 2>&1 &
+    fi
+    for _ in $(seq 60); do
+        podman_answers && break
+        sleep 1
+    done
+    if ! podman_answers; then
+        tail -n 20 "$PODMAN_LOG" >&2 2>/dev/null || journalctl -u podman -n 20 >&2 || true
+        die "the Podman API service did not answer within 60 s (its log is above)"
+    fi
+    say "Podman API service answers"
+fi
+# the base image exists only in Docker: load it into Podman when its recipe changed
+in_podman=$(podman image inspect --format '{{ index .Labels "gpuresa.recipe" }}' \
+            "$BASE_IMAGE" 2>/dev/null || true)
+if [ "$in_podman" = "$recipe_hash" ]; then
+    say "base image $BASE_IMAGE in Podman is up to date"
+else
+    say "loading $BASE_IMAGE into Podman"
+    docker save "$BASE_IMAGE" | podman load -q >/dev/null \
+        || die "could not load $BASE_IMAGE into Podman"
 fi
 say "ready"
