@@ -20,6 +20,7 @@ test: lint
 bench: setup
 	$(VENV)/python benchmarks/bench_reservations.py
 	$(VENV)/python benchmarks/bench_sessions.py
+	$(VENV)/python benchmarks/bench_sessions.py --engine podman
 	$(VENV)/python benchmarks/bench_daemon.py
 
 clean:

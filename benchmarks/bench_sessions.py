@@ -1,5 +1,8 @@
 """How long a session takes to start and stop, against a bare `docker run` of its image.
 
+`--engine podman` measures the same on the Podman service (its bare run gets
+the user namespace of its own and the limits a Podman session gets).
+
 Measures, in one run and interleaved (so both see the same machine):
 
 - session start (network, main container, FTP sidecar, readiness checks) until
@@ -9,7 +12,7 @@ Measures, in one run and interleaved (so both see the same machine):
 - session stop (containers and network removed, output kept).
 
 Prints a table of medians; the target is a start at most 1.5 times the bare run.
-Needs the Docker engine and the local base image (`make setup`); everything it
+Needs the engine and the local base image (`make setup`); everything it
 makes is labelled with its own host name and removed at the end.
 """
 
@@ -38,6 +41,7 @@ import paramiko
 from gpuresa.config import Config, parse_config
 from gpuresa.model import SessionSpec
 from gpuresa.runtime import Runtime
+from gpuresa.runtime.engines import PODMAN_SOCKET
 
 BASE_IMAGE = "gpuresa/base:bookworm"
 LOGIN = "bench"
@@ -62,7 +66,7 @@ def free_block(size: int) -> int:
     raise SystemExit(f"no {size} consecutive free ports in 40000-60000")
 
 
-def make_config(root: Path, host: str) -> Config:
+def make_config(root: Path, host: str, engine: str) -> Config:
     for folder in ("keys", "output", "state", "input"):
         (root / folder).mkdir(parents=True, exist_ok=True)
     first = free_block(2 + 2 + 2 * 3)
@@ -72,6 +76,7 @@ def make_config(root: Path, host: str) -> Config:
             "hosts": [
                 {
                     "name": host,
+                    "engine": engine,
                     "gpus": [],
                     "gpu_mode": "none",
                     "bind_address": "127.0.0.1",
@@ -133,13 +138,21 @@ def timed(action: Callable[[], object]) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7, help="measurements of each (>= 5)")
+    parser.add_argument(
+        "--engine", choices=("docker", "podman"), default="docker", help="the engine to measure"
+    )
     arguments = parser.parse_args()
+    engine = arguments.engine
     rounds = max(5, arguments.rounds)
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)
 
     host = f"bench-{uuid.uuid4().hex[:8]}"
-    client: Any = docker.from_env(timeout=120)
+    client: Any = (
+        docker.DockerClient(base_url=PODMAN_SOCKET, timeout=120)
+        if engine == "podman"
+        else docker.from_env(timeout=120)
+    )
     results: dict[str, list[float]] = {
         "bare": [],
         "session": [],
@@ -148,7 +161,7 @@ def main() -> int:
     }
     with tempfile.TemporaryDirectory(prefix="gpuresa-bench-") as directory:
         root = Path(directory)
-        config = make_config(root, host)
+        config = make_config(root, host, engine)
         subprocess.run(
             ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / "key")], check=True
         )
@@ -173,18 +186,27 @@ def main() -> int:
 
         try:
             for _ in range(rounds):
-                # bare docker run of the same image until the login works
+                # bare run of the same image until the login works (with what the
+                # engine needs for a login to work at all: Podman's user namespace)
                 started = time.perf_counter()
-                container = client.containers.run(
-                    image,
-                    detach=True,
-                    environment=bare_environment,
-                    ports={"22/tcp": ("127.0.0.1", bare_port)},
-                    labels={"gpuresa.host": host},
+                created = client.api.create_container_from_config(
+                    {
+                        "Image": image,
+                        "Env": [f"{name}={value}" for name, value in bare_environment.items()],
+                        "Labels": {"gpuresa.host": host},
+                        "ExposedPorts": {"22/tcp": {}},
+                        "HostConfig": {
+                            "PortBindings": {
+                                "22/tcp": [{"HostIp": "127.0.0.1", "HostPort": str(bare_port)}]
+                            },
+                            **runtime.kind.main_settings(config.limits),
+                        },
+                    }
                 )
+                client.api.start(created["Id"])
                 wait_for_login(bare_port, key)
                 results["bare"].append(time.perf_counter() - started)
-                container.remove(force=True)
+                runtime.engine.remove_container(created["Id"])
 
                 # a session from nothing until the login works
                 wanted = spec()
@@ -214,12 +236,15 @@ def main() -> int:
 
     bare = statistics.median(results["bare"])
     rows = [
-        ("bare `docker run` until SSH login", results["bare"]),
+        (f"bare `{engine} run` until SSH login", results["bare"]),
         ("session start until SSH login", results["session"]),
         ("prepared session start until SSH login", results["prepared"]),
         ("session stop", results["stop"]),
     ]
-    print(f"gpuresa session benchmark ({rounds} rounds each, image {image}, base {BASE_IMAGE})")
+    print(
+        f"gpuresa session benchmark on {engine} ({rounds} rounds each, image {image}, "
+        f"base {BASE_IMAGE})"
+    )
     print(f"{'measure':<42} {'median':>8} {'min':>8} {'max':>8} {'/ bare':>7}")
     for label, values in rows:
         median = statistics.median(values)
@@ -231,7 +256,9 @@ def main() -> int:
     ):
         ratio = statistics.median(results[measure]) / bare
         verdict = "meets" if ratio <= 1.5 else "misses"
-        print(f"session start {label} / bare docker run = {ratio:.2f}x ({verdict} the 1.5x target)")
+        print(
+            f"session start {label} / bare {engine} run = {ratio:.2f}x ({verdict} the 1.5x target)"
+        )
     return 0
 
 

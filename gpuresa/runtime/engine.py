@@ -50,6 +50,14 @@ def _explanation(error: docker.errors.APIError) -> str:
     return str(explanation or error).strip()
 
 
+# tries at removing a container whose mounts the engine finds busy (see remove_container)
+REMOVAL_ATTEMPTS = 5
+
+
+def _mount_busy(error: docker.errors.APIError) -> bool:
+    return "device or resource busy" in _explanation(error).lower()
+
+
 def _removal_in_progress(error: docker.errors.APIError) -> bool:
     text = _explanation(error).lower()
     return error.status_code == 409 and ("in progress" in text or "removing" in text)
@@ -308,14 +316,22 @@ class Engine:
         """Remove a container (killing it if it runs); gone or being removed counts as done."""
         try:
             with self._mapped(f"remove container {container}", key):
-                try:
-                    self.api.remove_container(container, force=True)
-                except docker.errors.APIError as error:
-                    if error.status_code == 404:
-                        raise
-                    if not _removal_in_progress(error):
-                        raise
-                    log.debug("%s: container %s is already being removed", key, container)
+                for attempt in range(REMOVAL_ATTEMPTS):
+                    try:
+                        self.api.remove_container(container, force=True)
+                        return
+                    except docker.errors.APIError as error:
+                        if error.status_code == 404:
+                            raise
+                        if _removal_in_progress(error):
+                            log.debug("%s: container %s is already being removed", key, container)
+                            return
+                        if not _mount_busy(error) or attempt == REMOVAL_ATTEMPTS - 1:
+                            raise
+                        # Podman, removing a container it is still killing, may find
+                        # its mounts busy for a moment: the next try finds them free
+                        log.debug("%s: container %s busy; removing again", key, container)
+                        time.sleep(0.2 * (attempt + 1))
         except NotFound:
             log.debug("%s: container %s was already gone", key, container)
 
