@@ -148,6 +148,7 @@ def session_record(session: Session, reason: str) -> str:
         end=session.end.isoformat(),
         output_dir=str(session.output_dir),
         ftp_password="",  # not needed after the end, not worth keeping
+        id_range=None,  # the engine's to tell; finishing a stop does not need it
         reason=reason,
     )
     return json.dumps(record)
