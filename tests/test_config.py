@@ -108,6 +108,9 @@ def test_unknown_key_wrong_type_and_bad_duration_are_all_reported() -> None:
         ('[[hosts]]\nname = "h"\ngpus = [0, 0]', "hosts[0].gpus", "must not repeat"),
         ('[[hosts]]\nname = "h"\ngpus = [-1]', "hosts[0].gpus", "0 or more"),
         ('[[hosts]]\nname = "h"\ngpu_mode = "amd"', "hosts[0].gpu_mode", "'nvidia'"),
+        ('[[hosts]]\nname = "h"\nengine = "lxc"', "hosts[0].engine", "'podman'"),
+        ('[[hosts]]\nname = "h"\nengine = "podman"', "hosts[0].gpu_mode", 'use "cdi"'),
+        ('[[hosts]]\nname = "h"\nengine_socket = "/run/x.sock"', "hosts[0].engine_socket", "URL"),
         ('[[hosts]]\nname = "h"\nssh_ports = "9-2"', "hosts[0].ssh_ports", "first <= last"),
         ('[[hosts]]\nname = "h"\nssh_ports = "a-b"', "hosts[0].ssh_ports", "port range"),
         (
