@@ -374,7 +374,7 @@ def test_a_booking_on_podman_runs_in_its_own_user_namespace_and_survives_a_kill(
 ) -> None:
     stack = podman_stack
     start = next_second(10)
-    end = start + timedelta(seconds=20)
+    end = start + timedelta(seconds=14)
     stack.book("podman-1", start, end, "alice", "template: pytorch")
     stack.start_daemon()
     prepared = wait_for("the prepared session", lambda: stack.session("podman-1"), 15)

@@ -2,8 +2,9 @@
 the local base image.
 
 What an engine does (logins, FTP, mounts, confinement, stop, adoption, GPU
-devices) is tested on both, through the `site` fixture; what only gpuresa
-decides (refused requests, commands) on Docker alone, through `docker_site`.
+devices) is tested on both, through the `site` fixture; what gpuresa decides
+or keeps on the host (refused requests, commands, messages, new end times) on
+Docker alone, through `docker_site`, to keep the suite short.
 
 Each test gets a site of its own in tmp_path (keys, input, output, state) and
 free port ranges on 127.0.0.1; every container and network carries the test
@@ -633,7 +634,8 @@ def test_a_sidecar_that_cannot_start_rolls_the_session_back(site: Site) -> None:
 # --- moving the end, messages -----------------------------------------------------------------
 
 
-def test_extend_moves_the_end_in_the_listing_and_the_banner(site: Site) -> None:
+def test_extend_moves_the_end_in_the_listing_and_the_banner(docker_site: Site) -> None:
+    site = docker_site
     runtime = site.runtime()
     session = runtime.start(site.spec(runtime))
     later = (session.end + timedelta(hours=2)).replace(microsecond=0)
@@ -650,7 +652,8 @@ def test_extend_moves_the_end_in_the_listing_and_the_banner(site: Site) -> None:
     assert list((site.root / "state" / "sessions").iterdir()) == []
 
 
-def test_an_end_moved_before_the_start_shows_from_the_first_login(site: Site) -> None:
+def test_an_end_moved_before_the_start_shows_from_the_first_login(docker_site: Site) -> None:
+    site = docker_site
     runtime = site.runtime()
     spec = site.spec(runtime)
     runtime.prepare(spec)
@@ -662,7 +665,8 @@ def test_an_end_moved_before_the_start_shows_from_the_first_login(site: Site) ->
         assert run(client, "cat /etc/gpuresa/end")[1].strip() == f"{earlier:%Y-%m-%dT%H:%M:%SZ}"
 
 
-def test_a_message_reaches_the_logged_in_user_and_never_fails(site: Site) -> None:
+def test_a_message_reaches_the_logged_in_user_and_never_fails(docker_site: Site) -> None:
+    site = docker_site
     runtime = site.runtime()
     session = runtime.start(site.spec(runtime))
     # nobody logged in yet, a session that does not exist: no error
