@@ -181,9 +181,12 @@ def built_fixture(
     yield build
 
 
-@pytest.fixture
-def images(docker_harness: DockerHarness, built: Callable[[DockerHarness], None]) -> None:
-    built(docker_harness)
+@pytest.fixture(scope="module")
+def images(docker_client: Any, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Build (or find) the Docker images once for the module (for modules that import it)."""
+    site = make_site(tmp_path_factory.mktemp("images"), docker_client)
+    site.runtime().ensure_image("pytorch", None)
+    site.runtime().ensure_ftp_image()
 
 
 @pytest.fixture(name="site")
