@@ -101,7 +101,26 @@ def test_podman_ranges_survive_a_restart_and_show_in_status(
     (listed,) = json.loads(capsys.readouterr().out)["sessions"]
     assert listed["host_ids"] == str(session.id_range)
     assert main(["status", "--config", str(config)]) == 0
-    assert f"host ids {session.id_range}" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "(podman: ok)" in text and f"host ids {session.id_range}" in text
+
+
+def test_a_container_podman_made_without_its_own_namespace_is_never_started(
+    tmp_path: Path, podman_harness: DockerHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a Podman that ignored UsernsMode (as its Docker API once ignored other fields)
+    site = make_site(tmp_path, podman_harness.client, engine="podman")
+    runtime = site.runtime()
+    settings = runtime.kind.main_settings(site.config.limits)
+    del settings["UsernsMode"]
+    monkeypatch.setattr(runtime.kind, "main_settings", lambda limits: settings)
+    spec = site.spec(runtime)
+    with pytest.raises(SessionError, match="without a user namespace of its own"):
+        runtime.start(spec)
+    assert leftovers(site, spec.key) == []
+    # nothing of the session's was given to any id: the folder stays root's
+    (folder,) = (site.root / "output" / "alice").iterdir()
+    assert folder.stat().st_uid == 0 and list(folder.iterdir()) == []
 
 
 def test_booked_gpus_that_podman_would_not_pass_are_refused(

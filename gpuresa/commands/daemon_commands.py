@@ -81,7 +81,12 @@ def status_report(config: Config, now: datetime) -> dict[str, Any]:
     """What `gpuresa status --json` prints: sessions from Docker, the rest from the journal."""
     from gpuresa.runtime import Runtime, RuntimeUnavailable
 
-    report: dict[str, Any] = {"host": config.daemon.host, "now": _iso(now)}
+    host = next((host for host in config.hosts if host.name == config.daemon.host), None)
+    report: dict[str, Any] = {
+        "host": config.daemon.host,
+        "now": _iso(now),
+        "engine": host.engine if host else "docker",
+    }
     try:
         sessions = Runtime(config).list_sessions()
         report["docker"] = "ok"
@@ -160,7 +165,7 @@ def status_command(arguments: argparse.Namespace) -> int:
     if arguments.json:
         print(json.dumps(report, indent=2))
         return 0
-    print(f"host {report['host']}  (Docker: {report['docker']})")
+    print(f"host {report['host']}  ({report['engine']}: {report['docker']})")
     print(f"\nrunning sessions ({len(report['sessions'])}):")
     for item in report["sessions"]:
         print(
