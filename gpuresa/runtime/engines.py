@@ -20,9 +20,10 @@ ports below 1024 privileged in a container's network namespace (sshd needs
 22); it gives containers an
 open-file and process limit (1048576 and 4194304) that a process in a user
 namespace cannot raise itself to unless the service already has them, so the
-payload names limits it can have; and its Docker API (4.x) ignores device
-requests, so booked GPUs are checked to be in the created container, and a
-container without them is refused rather than started without its GPUs.
+payload names limits it can have; and its Docker API ignores device requests
+before Podman 5.4 (which honours CDI ones), so booked GPUs are checked to be
+in the created container, and a container without them is refused rather
+than started without its GPUs.
 """
 
 from __future__ import annotations
@@ -250,8 +251,8 @@ class Podman(EngineKind):
         if missing:
             raise SessionError(
                 f"Podman made the container without the booked GPUs ({', '.join(missing)}): "
-                'its Docker API ignores device requests; use gpu_mode = "devices", or "cdi" with '
-                "a Podman that honours them"
+                "its Docker API ignores device requests before Podman 5.4; use gpu_mode = "
+                '"devices", or "cdi" with Podman 5.4 or later'
             )
         with self._lock:
             self._ranges[container] = ids
