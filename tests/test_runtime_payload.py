@@ -6,6 +6,7 @@ in what a container may do shows up here first.
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuresa.config import Config, HostConfig, parse_config
-from gpuresa.model import SessionSpec
+from gpuresa.model import IdRange, SessionSpec
 from gpuresa.runtime import SessionError
+from gpuresa.runtime.engines import Docker, Podman
 from gpuresa.runtime.payload import (
     FTP_CAPABILITIES,
     MAIN_CAPABILITIES,
@@ -447,3 +449,52 @@ def test_sizes(text: str, expected: int) -> None:
 def test_a_bad_size_is_refused() -> None:
     with pytest.raises(ValueError):
         size_bytes("lots")
+
+
+def test_podman_sessions_ask_for_a_namespace_of_their_own_and_the_sidecar_shares_it() -> None:
+    config = make_config()
+    spec = make_spec(gpus=())
+    labels = session_labels(spec, 20123, Path("/srv/output/alice/x"), "alice")
+    podman = Podman()
+    main = MainContainer(
+        image="gpuresa/pytorch:1",
+        uid=20123,
+        authorized_keys="ssh-ed25519 AAAA alice",
+        output_dir=Path("/srv/output/alice/x"),
+        end_text="17:30",
+        engine_settings=podman.main_settings(config.limits),
+    )
+    settings = main_payload(config, spec, main, labels)["HostConfig"]
+    assert settings["UsernsMode"] == "auto:size=65536"
+    assert settings["Sysctls"] == {"net.ipv4.ip_unprivileged_port_start": "0"}
+    limits = {limit["Name"]: (limit["Soft"], limit["Hard"]) for limit in settings["Ulimits"]}
+    assert limits["nproc"] == (config.limits.pids, config.limits.pids)
+    assert 0 < limits["nofile"][0] == limits["nofile"][1]
+    # everything else is the Docker payload's: no capability, mount or privilege more
+    docker_settings = main_payload(
+        config, spec, dataclasses.replace(main, engine_settings={}), labels
+    )["HostConfig"]
+    assert {
+        name: value for name, value in settings.items() if name not in main.engine_settings
+    } == docker_settings
+
+    ids = IdRange(2131072, 2131072, 65536)
+    sidecar = ftp_payload(
+        config,
+        spec,
+        "gpuresa/session-ftp:1",
+        20123,
+        "alice",
+        "s3cret",
+        Path("/srv/output/alice/x"),
+        labels,
+        engine_settings=podman.sidecar_settings(ids, config.limits),
+    )["HostConfig"]
+    assert sidecar["UsernsMode"] == (
+        "auto:size=65536,uidmapping=0:2131072:65536,gidmapping=0:2131072:65536"
+    )
+    # Docker adds nothing: userns-remap is the engine's own setting
+    assert Docker().main_settings(config.limits) == {}
+    assert Docker().sidecar_settings(ids, config.limits) == {}
+    with pytest.raises(SessionError, match="not known"):
+        podman.sidecar_settings(None, config.limits)
