@@ -83,6 +83,8 @@ class DaemonConfig:
     prepare_ahead: timedelta = timedelta(minutes=5)
     stop_grace: timedelta = timedelta(seconds=30)
     cancel_grace: timedelta = timedelta(minutes=5)
+    # a poll that loses most bookings with a session is believed only after this long
+    vanish_confirm: timedelta = Field(timedelta(minutes=15), check=positive_duration)
     orphan_grace: timedelta = timedelta(minutes=10)
     warnings: tuple[timedelta, ...] = Field(
         (timedelta(minutes=15), timedelta(minutes=5)), check=_durations_positive

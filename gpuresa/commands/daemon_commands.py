@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -50,7 +53,11 @@ def run_command(arguments: argparse.Namespace) -> int:
     from gpuresa.daemon import Daemon
 
     Daemon(load_config(arguments.config)).run()
-    return 0
+    # Actions still under way (a Docker call that hangs, say) run on threads the
+    # interpreter would wait for at exit; the next start finishes what they began.
+    logging.shutdown()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def parse_instant(text: str, option: str) -> datetime:

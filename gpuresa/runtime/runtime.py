@@ -572,6 +572,10 @@ class Runtime:
         log.info("%s: stopped; output kept in %s", key, session.output_dir)
         self.finish_stop(session)
 
+    def kill(self, key: str) -> None:
+        """Remove a session's containers and network at once: no grace (output kept)."""
+        self._remove(key)
+
     def finish_stop(self, session: Session) -> None:
         """What follows a session's removal: its output handed to the login, if configured.
 

@@ -1,0 +1,513 @@
+"""The control loop: it only decides and dispatches, and never waits on anything outside.
+
+One thread owns the daemon's state. Everything that can hang runs elsewhere
+and reports back through `post`: the calendar poll and the observation of
+Docker on background threads, the actions on the executor (one per session,
+each with a deadline), image builds on a build thread, and e-mail in the
+outbox. So a hung CalDAV server, a Docker call that never returns, an SMTP
+relay that accepts and never answers, a build that takes an hour, or a user
+who replaced every binary in their session delays nothing but itself.
+
+A round: observe Docker (off the loop), then `plan()` (pure) with what is in
+flight, then hand each action to the executor. Rounds follow each poll, each
+finished action, each exact-time wakeup and each finished build.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import TypeVar
+
+from gpuresa import systemd
+from gpuresa.calendars import CalendarReport
+from gpuresa.daemon import vanish
+from gpuresa.daemon.executor import Executor
+from gpuresa.daemon.memory import Remembered
+from gpuresa.daemon.state import Context
+from gpuresa.daemon.work import Done, Started, deadline_of
+from gpuresa.model import Rejection, Reservation, Session
+from gpuresa.plan import (
+    Action,
+    Extend,
+    Fail,
+    Inventory,
+    NotifyCancel,
+    NotifyChange,
+    Prepare,
+    Recreate,
+    Start,
+    Stop,
+    Warn,
+    plan,
+    wakeups,
+)
+from gpuresa.runtime.errors import (
+    EngineTimeout,
+    ImageMissing,
+    PortRefused,
+    RuntimeUnavailable,
+)
+
+log = logging.getLogger(__name__)
+
+Result = TypeVar("Result")
+
+# How often a session waiting for its image's build looks again (a finished
+# build also wakes the loop at once).
+IMAGE_WAIT = timedelta(seconds=10)
+# A port the engine refused is skipped for this long, then tried again.
+REFUSED_PORT_FOR = timedelta(hours=1)
+# The loop wakes at least this often (deadlines, the heartbeat).
+BEAT = 1.0
+
+
+class Loop:
+    """The decision loop of one daemon; `run()` returns once `stopping` is set."""
+
+    def __init__(
+        self,
+        context: Context,
+        *,
+        on_start: Callable[[Session, str], None] | None = None,
+    ) -> None:
+        self.context = context
+        self.on_start = on_start
+        self.stopping = threading.Event()
+        self._queue: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self.executor = Executor(self.post)
+        self.remembered = Remembered.load(context.journal)
+        self.reservations: list[Reservation] = []
+        self._polled: list[Reservation] = []
+        self.hold: vanish.Hold | None = None
+        self.sessions: list[Session] = []
+        self.timers: list[datetime] = []
+        self._next_poll = 0.0
+        self._polling = False
+        self._dirty = True
+        self._observing = False
+        self._observe_after = 0.0
+        self.docker_backoff = timedelta(seconds=1)
+        self.builds: set[tuple[str | None, str | None]] = set()
+        self.image_waiting: dict[str, tuple[str | None, str | None]] = {}
+        # monotonic time of the loop's last turn, for the watchdog
+        self.heartbeat = time.monotonic()
+
+    # --- the loop itself ---------------------------------------------------------------
+
+    def post(self, job: Callable[[], None]) -> None:
+        """Run `job` on the loop thread soon (from any thread)."""
+        self._queue.put(job)
+
+    def wake(self) -> None:
+        self.post(lambda: None)
+
+    def request_round(self) -> None:
+        """Plan again as soon as Docker has been looked at (from the loop thread)."""
+        self._dirty = True
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                job: Callable[[], None] | None = self._queue.get(timeout=self._wait())
+            except queue.Empty:
+                job = None
+            while job is not None and not self.stopping.is_set():
+                self._safely(job)
+                try:
+                    job = self._queue.get_nowait()
+                except queue.Empty:
+                    job = None
+            if not self.stopping.is_set():
+                self._safely(self._turn)
+            self.heartbeat = time.monotonic()
+
+    def _safely(self, job: Callable[[], None]) -> None:
+        try:
+            job()
+        except Exception:  # a bug in one step must not stop the loop
+            log.exception("unexpected error in the daemon's loop; going on")
+
+    def _wait(self) -> float:
+        """Seconds until the next thing the loop must do by itself (at most `BEAT`)."""
+        wait = min(BEAT, self._next_poll - time.monotonic())
+        if self.timers:
+            wait = min(wait, (self.timers[0] - self.context.clock()).total_seconds())
+        return max(wait, 0.01)
+
+    def _turn(self) -> None:
+        """What is due: a poll, exact-time wakeups, overdue actions, a round."""
+        monotonic = time.monotonic()
+        if not self._polling and monotonic >= self._next_poll:
+            self._start_poll()
+        now = self.context.clock()
+        if self.timers and self.timers[0] <= now:
+            self.timers = [instant for instant in self.timers if instant > now]
+            self._dirty = True
+        for entry in self.executor.overdue():
+            self._overdue(entry.key, entry.what, entry.payload)
+        if self._dirty and not self._observing and monotonic >= self._observe_after:
+            self._start_observe()
+
+    def _background(
+        self, name: str, work: Callable[[], Result], done: Callable[[Result | Exception], None]
+    ) -> None:
+        """Run `work` on a thread of its own and `done(result or error)` on the loop."""
+
+        def run() -> None:
+            try:
+                result: Result | Exception = work()
+            except Exception as error:
+                result = error
+            self.post(lambda: done(result))
+
+        threading.Thread(target=run, name=f"gpuresa-{name}", daemon=True).start()
+
+    # --- polling the calendars -------------------------------------------------------------
+
+    def _start_poll(self) -> None:
+        self._polling = True
+        context = self.context
+        now = context.clock()
+        holding = frozenset(
+            session.key for session in self.sessions if session.state in ("created", "running")
+        )
+        self._background("poll", lambda: context.poll(now, holding), self._polled_done)
+
+    def _polled_done(self, result: tuple[CalendarReport, list[Rejection]] | Exception) -> None:
+        self._polling = False
+        self._next_poll = (
+            time.monotonic() + self.context.config.daemon.poll_interval.total_seconds()
+        )
+        if isinstance(result, Exception):
+            log.error(
+                "calendar poll failed unexpectedly; keeping the last reservations: %s", result
+            )
+            return
+        report, new_rejections = result
+        host = self.context.config.daemon.host
+        mine = [item for item in report.reservations.reservations if item.host == host]
+        now = self.context.clock()
+        with_session = {session.key for session in self.sessions}
+        screened = vanish.screen(
+            self._polled, mine, with_session, self.hold, now,
+            self.context.config.daemon.vanish_confirm,
+        )  # fmt: skip
+        if screened.began and screened.hold is not None:
+            self._vanish_began(screened.hold, len(mine))
+        if screened.confirmed:
+            log.warning("bookings missing for %s: the calendar is believed now", host)
+        self._polled = mine
+        self.hold = screened.hold
+        self.reservations = list(screened.reservations)
+        for rejection in new_rejections:
+            self.context.reject(rejection)
+        stale = [
+            f"{name} ({freshness.last_error})"
+            for name, freshness in report.freshness.items()
+            if freshness.last_error
+        ]
+        if stale:
+            systemd.status(f"calendar unreachable, using the last snapshot: {', '.join(stale)}")
+        else:
+            systemd.status(f"{len(self.reservations)} reservation(s) for {host}")
+        self._dirty = True
+
+    def _vanish_began(self, hold: vanish.Hold, remaining: int) -> None:
+        keys = ", ".join(sorted(hold.keys))
+        confirm = self.context.config.daemon.vanish_confirm
+        self.context.notices.to_admin(
+            f"vanish:{self.context.config.daemon.host}",
+            f"vanish-{hold.since.isoformat()}",
+            f"{len(hold.kept)} running bookings vanished from the calendar",
+            f"The calendar poll at {hold.since.isoformat()} no longer lists {len(hold.kept)} "
+            f"bookings that have a session on {self.context.config.daemon.host} ({keys}); "
+            f"it lists {remaining} for this host.\n\nThis looks like a calendar problem "
+            "(a server migration, a wrong URL, an emptied collection), so those sessions go "
+            f"on as booked. If the bookings are still missing after {confirm}, the calendar "
+            "is believed and they are stopped as cancelled.\n",
+        )
+
+    # --- observing Docker ------------------------------------------------------------------
+
+    def _start_observe(self) -> None:
+        self._observing = True
+        self._dirty = False
+        runtime = self.context.runtime
+        self._background(
+            "observe", lambda: (runtime.list_sessions(), runtime.host_gpus()), self._observed
+        )
+
+    def _observed(self, result: tuple[list[Session], tuple[int, ...]] | Exception) -> None:
+        self._observing = False
+        if isinstance(result, (RuntimeUnavailable, EngineTimeout)):
+            self._engine_down(result)
+            return
+        if isinstance(result, Exception):
+            log.error("looking at the sessions failed: %s", result)
+            self._engine_down(result)
+            return
+        self.docker_backoff = timedelta(seconds=1)
+        sessions, gpus = result
+        self.sessions = sessions
+        self._round(sessions, gpus)
+
+    def _engine_down(self, error: Exception) -> None:
+        delay = self.docker_backoff
+        log.error("Docker engine unavailable (%s); retrying in %ss", error, delay.total_seconds())
+        systemd.status(f"Docker unavailable, retrying in {int(delay.total_seconds())}s")
+        self.docker_backoff = min(delay * 2, self.context.config.daemon.docker_retry_max)
+        self._observe_after = time.monotonic() + delay.total_seconds()
+        self._dirty = True
+
+    # --- a round: plan and dispatch ---------------------------------------------------------
+
+    def _round(self, sessions: list[Session], gpus: tuple[int, ...]) -> None:
+        context = self.context
+        now = context.clock()
+        config = context.config
+        inventory = Inventory(config.host(), gpus)
+        self._finish_interrupted_stops(sessions, now)
+        in_flight = self.executor.in_flight()
+        memory = self.remembered.memory(
+            self.reservations, sessions, in_flight, now, context.journal
+        )
+        actions = plan(self.reservations, sessions, inventory, now, config, memory)
+        if actions:
+            log.debug("round: %s", [action.describe() for action in actions])
+        by_key = {session.key: session for session in sessions}
+        stopping_gpus = {
+            index
+            for entry in in_flight.values()
+            if isinstance(entry.payload, Stop)
+            for index in by_key.get(entry.key, _NO_SESSION).gpus
+        }
+        for action in actions:
+            session = by_key.get(action.key)
+            if isinstance(action, Stop) and session is not None:
+                stopping_gpus.update(session.gpus)
+            self._dispatch(action, session, now, stopping_gpus)
+        self._owed_start_notices(sessions, now)
+        self.timers = wakeups(self.reservations, sessions, inventory, now, config, memory)
+
+    def _dispatch(
+        self, action: Action, session: Session | None, now: datetime, stopping_gpus: set[int]
+    ) -> None:
+        key = action.key
+        work = self.context.work
+        remembered = self.remembered
+        spec = getattr(action, "spec", None)
+        stopping_first = spec is not None and stopping_gpus.intersection(spec.gpus)
+        if isinstance(action, (Start, Recreate)) and stopping_first:
+            # the GPUs' last session is still stopping: start once it is gone
+            log.info("%s: waits for its GPUs' previous session to stop", key)
+            return
+        if isinstance(action, Stop) and now < remembered.retry_after.get(key, now):
+            return  # a stop that failed is retried after its back-off, not every round
+        job: Callable[[], object]
+        if isinstance(action, Stop):
+            reservation = next((item for item in self.reservations if item.key == key), None)
+            new_user = reservation.user if reservation is not None else None
+            job = lambda: work.stop(action, session, new_user, now)  # noqa: E731
+        elif isinstance(action, (Start, Recreate)):
+            job = lambda: work.start(action, session, now)  # noqa: E731
+        elif isinstance(action, Prepare):
+            job = lambda: work.prepare(action, now)  # noqa: E731
+        elif isinstance(action, Extend):
+            remembered.extended(key, action.end, now, self.context.config, self.context.journal)
+            job = lambda: work.extend(action)  # noqa: E731
+        elif isinstance(action, Warn):
+            remembered.warned(key, action.before, self.context.config, self.context.journal, now)
+            job = lambda: work.warn(action, session, now)  # noqa: E731
+        elif isinstance(action, NotifyCancel):
+            remembered.cancel_noticed(key, self.context.journal, now)
+            job = lambda: work.notify_cancel(action, session, now)  # noqa: E731
+        elif isinstance(action, NotifyChange):
+            remembered.changes_notified.add((key, action.change))
+            job = lambda: work.notify_change(action)  # noqa: E731
+        elif isinstance(action, Fail):
+            remembered.back_off(key, now)
+            job = lambda: work.fail(action, now)  # noqa: E731
+        else:
+            log.error("%s: no way to carry out %s", key, action.describe())
+            return
+        log.info("%s", action.describe())
+        payload: object = action if isinstance(action, Stop) else spec
+        self.executor.submit(
+            key,
+            type(action).__name__.lower(),
+            job,
+            lambda outcome: self._done(action, session, outcome),
+            deadline_of(action),
+            payload=payload,
+        )
+
+    # --- what came back ---------------------------------------------------------------------
+
+    def _done(self, action: Action, session: Session | None, outcome: object) -> None:
+        """An action finished (or failed): memory, journal, retries; then plan again."""
+        key = action.key
+        context = self.context
+        now = context.clock()
+        remembered = self.remembered
+        self._dirty = True
+        if isinstance(outcome, Started):
+            remembered.started(key)
+            context.journal.record_action(key, action.describe(), now, "ok")
+            if self.on_start is not None:
+                self.on_start(outcome.session, context.public_host())
+            return
+        if isinstance(outcome, Done):
+            if isinstance(action, Stop):
+                remembered.stopped(key, context.journal)
+            context.journal.record_action(key, action.describe(), now, "ok")
+            return
+        error = outcome if isinstance(outcome, Exception) else RuntimeError(repr(outcome))
+        if isinstance(error, ImageMissing):
+            self._wait_for_image(key, error.template, error.cuda, now)
+            return
+        context.journal.record_action(key, action.describe(), now, "failed", str(error))
+        if isinstance(error, RuntimeUnavailable):
+            self._engine_down(error)
+            remembered.retry_after[key] = now + self.docker_backoff
+            return
+        if isinstance(error, PortRefused):
+            log.warning("%s: ports %s are taken by another program; choosing others", key,
+                        list(error.ports))  # fmt: skip
+            for port in error.ports:
+                remembered.refused_ports[port] = now + REFUSED_PORT_FOR
+            return
+        log.error("%s: %s failed: %s", key, type(action).__name__.lower(), error)
+        if isinstance(action, Stop):
+            self._stop_failed(action, str(error), now)
+        elif isinstance(action, (Start, Recreate, Prepare)):
+            attempts = remembered.back_off(key, now)
+            context.journal.set_state(key, "failed", now, f"attempt {attempts}: {error}")
+            if attempts == 1 and action.spec is not None:
+                context.notices.failure(key, action.spec.user, action.spec.email, str(error))
+
+    def _stop_failed(self, action: Stop, error: str, now: datetime) -> None:
+        """A stop that failed or overran: kill at once, tell the admin once, retry later."""
+        key = action.key
+        self.remembered.back_off(key, now)
+        self.context.notices.to_admin(
+            key,
+            "stop-failed",
+            f"session {key} did not stop cleanly",
+            f"The stop of session {key} on {self.context.config.daemon.host} failed or "
+            f"overran its deadline: {error}\n\nIts containers are being killed and removed; "
+            "the stop is retried with a back-off until nothing of the session is left. "
+            "`gpuresa status` and `gpuresa history` show where it stands.\n",
+        )
+        work = self.context.work
+        self.executor.submit(
+            key,
+            "kill",
+            lambda: work.kill(key),
+            lambda outcome: self._killed(key, outcome),
+            60,
+            escalation=True,
+        )
+
+    def _killed(self, key: str, outcome: object) -> None:
+        now = self.context.clock()
+        result = "ok" if isinstance(outcome, Done) else "failed"
+        error = None if result == "ok" else str(outcome)
+        self.context.journal.record_action(key, "kill (stop escalated)", now, result, error)
+        self._dirty = True
+
+    def _overdue(self, key: str, what: str, payload: object) -> None:
+        now = self.context.clock()
+        log.error("%s: %s is overdue; it may be stuck in the engine", key, what)
+        self.context.journal.record_action(key, what, now, "failed", "overran its deadline")
+        if isinstance(payload, Stop):
+            self._stop_failed(payload, "the stop overran its deadline", now)
+
+    # --- images -----------------------------------------------------------------------------
+
+    def _wait_for_image(
+        self, key: str, template: str | None, cuda: str | None, now: datetime
+    ) -> None:
+        self.remembered.retry_after[key] = now + IMAGE_WAIT
+        wanted = (template, cuda)
+        self.image_waiting[key] = wanted
+        if wanted in self.builds:
+            return
+        self.builds.add(wanted)
+        what = f"{template} (CUDA {cuda or 'default'})" if template else "the FTP sidecar"
+        log.info("%s: building the image of %s in the background", key, what)
+        work = self.context.work
+        self._background(
+            "build", lambda: work.build(template, cuda), lambda result: self._built(wanted, result)
+        )
+
+    def _built(self, wanted: tuple[str | None, str | None], result: object) -> None:
+        """A build finished: the sessions that waited for it go on at once (or fail)."""
+        self.builds.discard(wanted)
+        now = self.context.clock()
+        waiting = [key for key, image in self.image_waiting.items() if image == wanted]
+        for key in waiting:
+            del self.image_waiting[key]
+            self.remembered.retry_after.pop(key, None)
+            if isinstance(result, Exception):
+                attempts = self.remembered.back_off(key, now)
+                reason = f"the image could not be built: {result}"
+                self.context.journal.set_state(key, "failed", now, f"attempt {attempts}: {reason}")
+                reservation = next((item for item in self.reservations if item.key == key), None)
+                if attempts == 1 and reservation is not None:
+                    self.context.notices.failure(key, reservation.user, reservation.email, reason)
+        self._dirty = True
+
+    # --- finishing what a restart interrupted ------------------------------------------------
+
+    def _finish_interrupted_stops(self, sessions: list[Session], now: datetime) -> None:
+        present = {session.key for session in sessions}
+        records = self.context.journal.meta_with_prefix("stopping:")
+        work = self.context.work
+        for key, record in records.items():
+            if key in present or self.executor.busy(key):
+                continue  # the planner stops it again, or it is being finished
+            self.executor.submit(
+                key,
+                "finish-stop",
+                functools.partial(work.finish_interrupted_stop, key, record, now),
+                functools.partial(self._interrupted_stop_done, key),
+                600,
+            )
+
+    def _interrupted_stop_done(self, key: str, outcome: object) -> None:
+        if isinstance(outcome, Exception):
+            log.error("%s: finishing an interrupted stop failed: %s", key, outcome)
+
+    def _owed_start_notices(self, sessions: list[Session], now: datetime) -> None:
+        """Finish starts a restart interrupted: journal the running state, send the notice.
+
+        The outbox sends a start notice once per session details, so asking
+        again is harmless; `remembered.start_noticed` spares the journal the asking.
+        """
+        wanted = {reservation.key: reservation for reservation in self.reservations}
+        for session in sessions:
+            reservation = wanted.get(session.key)
+            if session.state != "running" or reservation is None:
+                continue
+            if self.executor.busy(session.key):
+                continue
+            marker = (session.key, session.ssh_port, session.ftp_password)
+            if marker in self.remembered.start_noticed:
+                continue
+            if self.context.journal.state(session.key) in (None, "booked", "preparing", "failed"):
+                self.context.journal.set_state(session.key, "running", now, "adopted")
+            self.context.notices.start(session, reservation.email)
+            self.remembered.start_noticed.add(marker)
+
+
+class _NoSession:
+    gpus: tuple[int, ...] = ()
+
+
+_NO_SESSION = _NoSession()
