@@ -195,9 +195,12 @@ def test_a_hostile_user_and_a_hanging_relay_delay_no_other_booking(
         main = next(c for c in docker_harness.ours() if c.labels["gpuresa.role"] == "main")
         # the user is root in their session: every program the daemon could run hangs
         script = "; ".join(
-            f"for d in /usr/bin /bin /usr/sbin /sbin; do [ -e $d/{program} ] && "
-            f"printf '%s' \"$HANG\" > $d/{program} && chmod 755 $d/{program}; done"
-            for program in REPLACED
+            [
+                f"for d in /usr/bin /bin /usr/sbin /sbin; do [ -e $d/{program} ] && "
+                f"printf '%s' \"$HANG\" > $d/{program} && chmod 755 $d/{program}; done"
+                for program in REPLACED
+            ]
+            + ["true"]
         )
         code, output = main.exec_run(["sh", "-c", script], environment={"HANG": NEVER_RETURNS})
         assert code == 0, output

@@ -1,4 +1,9 @@
-"""Workers for the daemon's actions: one action in flight per session, each with a deadline.
+"""Workers for the daemon's actions: one action per session and lane, each with a deadline.
+
+Lanes keep what must not wait apart: a session's life cycle (prepare, start,
+stop) runs one action at a time; its notices (a warning shown in the session,
+an extension written into it) run beside it, so a message that hangs never
+holds up the stop at the end; and a forced kill runs beside a stuck stop.
 
 Each action runs on a thread of its own (a daemon thread, so a stuck call
 never keeps the process from exiting), and its result is handed back to the
@@ -28,6 +33,7 @@ class InFlight:
     """One action under way."""
 
     key: str
+    lane: str
     what: str
     started: float
     deadline: float
@@ -36,8 +42,14 @@ class InFlight:
     payload: object = field(default=None, repr=False)
 
 
+# the lanes of a session's actions (see the module)
+LIFE_CYCLE = "life-cycle"
+NOTICE = "notice"
+KILL = "kill"
+
+
 class Executor:
-    """Runs actions off the loop; at most one per key (escalations have their own slots).
+    """Runs actions off the loop; at most one per session and lane.
 
     `post` hands a callable to the loop thread; the executor calls it with the
     action's completion (`on_done(outcome)` or `on_done(exception)`), never
@@ -47,16 +59,20 @@ class Executor:
     def __init__(self, post: Callable[[Callable[[], None]], None]) -> None:
         self._post = post
         self._lock = threading.Lock()
-        self._in_flight: dict[str, InFlight] = {}
-        self._escalations: dict[str, InFlight] = {}
+        self._in_flight: dict[tuple[str, str], InFlight] = {}
 
-    def busy(self, key: str) -> bool:
+    def busy(self, key: str, lane: str = LIFE_CYCLE) -> bool:
         with self._lock:
-            return key in self._in_flight
+            return (key, lane) in self._in_flight
 
-    def in_flight(self) -> dict[str, InFlight]:
+    def in_flight(self, lane: str = LIFE_CYCLE) -> dict[str, InFlight]:
+        """The actions under way in `lane`, by session key."""
         with self._lock:
-            return dict(self._in_flight)
+            return {key: entry for (key, name), entry in self._in_flight.items() if name == lane}
+
+    def all_in_flight(self) -> list[InFlight]:
+        with self._lock:
+            return list(self._in_flight.values())
 
     def submit(
         self,
@@ -67,21 +83,20 @@ class Executor:
         timeout: float,
         *,
         payload: object = None,
-        escalation: bool = False,
+        lane: str = LIFE_CYCLE,
     ) -> bool:
-        """Start `work` for `key` unless an action of `key` is under way; returns whether it began.
+        """Start `work` unless `key` has an action under way in `lane`; returns whether it began.
 
         `on_done` runs on the loop thread with `work`'s return value, or the
-        exception it raised. An escalation takes the key's second slot, so a
-        forced kill can run while the stuck stop it replaces still hangs.
+        exception it raised.
         """
-        slots = self._escalations if escalation else self._in_flight
+        slots = self._in_flight
         now = time.monotonic()
-        entry = InFlight(key, what, now, now + timeout, payload=payload)
+        entry = InFlight(key, lane, what, now, now + timeout, payload=payload)
         with self._lock:
-            if key in slots:
+            if (key, lane) in slots:
                 return False
-            slots[key] = entry
+            slots[key, lane] = entry
 
         def run() -> None:
             try:
@@ -90,8 +105,8 @@ class Executor:
                 result = error
             finally:
                 with self._lock:
-                    if slots.get(key) is entry:
-                        del slots[key]
+                    if slots.get((key, lane)) is entry:
+                        del slots[key, lane]
             self._post(lambda: on_done(result))
 
         thread = threading.Thread(target=run, name=f"gpuresa-{what}-{key}"[:60], daemon=True)
@@ -103,7 +118,7 @@ class Executor:
         now = time.monotonic()
         late = []
         with self._lock:
-            for entry in [*self._in_flight.values(), *self._escalations.values()]:
+            for entry in self._in_flight.values():
                 if not entry.overdue and now > entry.deadline:
                     entry.overdue = True
                     late.append(entry)

@@ -27,7 +27,7 @@ from typing import TypeVar
 from gpuresa import systemd
 from gpuresa.calendars import CalendarReport
 from gpuresa.daemon import vanish
-from gpuresa.daemon.executor import Executor
+from gpuresa.daemon.executor import KILL, LIFE_CYCLE, NOTICE, Executor
 from gpuresa.daemon.memory import Remembered
 from gpuresa.daemon.state import Context
 from gpuresa.daemon.work import Done, Started, deadline_of
@@ -301,6 +301,9 @@ class Loop:
         key = action.key
         work = self.context.work
         remembered = self.remembered
+        lane = LIFE_CYCLE if isinstance(action, (Stop, Start, Recreate, Prepare)) else NOTICE
+        if self.executor.busy(key, lane):
+            return  # the same kind of action is still under way for this session
         spec = getattr(action, "spec", None)
         stopping_first = spec is not None and stopping_gpus.intersection(spec.gpus)
         if isinstance(action, (Start, Recreate)) and stopping_first:
@@ -345,6 +348,7 @@ class Loop:
             lambda outcome: self._done(action, session, outcome),
             deadline_of(action),
             payload=payload,
+            lane=lane,
         )
 
     # --- what came back ---------------------------------------------------------------------
@@ -411,7 +415,7 @@ class Loop:
             lambda: work.kill(key),
             lambda outcome: self._killed(key, outcome),
             60,
-            escalation=True,
+            lane=KILL,
         )
 
     def _killed(self, key: str, outcome: object) -> None:

@@ -40,8 +40,9 @@ log = logging.getLogger(__name__)
 # With the loop silent for this long, the daemon counts as stuck (the loop
 # never waits on anything outside, so this means a bug): the watchdog restarts it.
 STUCK_AFTER = timedelta(minutes=2)
-# How long a shutdown waits for the loop and the outbox to finish their step.
-SHUTDOWN_WAIT = 2.0
+# How long a shutdown waits for actions under way to finish (SIGTERM must end
+# the daemon within 5 s, whatever is in flight).
+SHUTDOWN_WAIT = 3.0
 
 
 def journal_path(config: Config) -> Path:
@@ -168,7 +169,12 @@ class Daemon:
         if self.outbox is not None:
             self.outbox.stop(timeout=max(deadline - time.monotonic(), 0.1))
         if self.loop is not None:
-            busy = sorted(self.loop.executor.in_flight())
+            # a stop whose containers are gone has only its journal lines left to write
+            while self.loop.executor.all_in_flight() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            busy = sorted(
+                f"{entry.what} {entry.key}" for entry in self.loop.executor.all_in_flight()
+            )
             if busy:
                 log.warning("left under way, to be finished after the next start: %s", busy)
         if self._journal is not None:

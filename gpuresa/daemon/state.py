@@ -23,6 +23,9 @@ from gpuresa.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
+# Journal states of bookings that have (or had) their session, which keep their slot.
+HELD_STATES = frozenset({"preparing", "running", "warned", "stopping", "ended"})
+
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
@@ -64,8 +67,13 @@ class Context:
         new (or have a new reason), whose users are told.
         """
         host = self.config.daemon.host
+        # a booking that had its session keeps its slot after the session too: the one it
+        # beat must not start for the rest of the time, nor its user be told it lost late
+        held = {
+            key for key, state in self.journal.states().items() if state in HELD_STATES
+        } | holding
         report = self.calendars.poll(
-            now, first_seen=self.journal.first_seen_times(), holding=holding
+            now, first_seen=self.journal.first_seen_times(), holding=frozenset(held)
         )
         found = report.reservations
         new_rejections = self.journal.record_reservations(found.reservations, found.rejected, now)
