@@ -9,10 +9,29 @@ read is a problem of the event or of the whole object (see `gpuresa.events`).
 from __future__ import annotations
 
 import functools
+import hashlib
 import re
 from typing import NamedTuple
 
 _FOLD = re.compile(r"\n[ \t]")
+# a fold after blank lines (old Mozilla exports), unfolded as icalendar does
+_FOLD_AFTER_BLANK_LINES = re.compile(r"\n+[ \t]")
+# what a key for an event without UID is made of: when it happens and what it says
+# (not DTSTAMP, which a feed may write anew on every download)
+_DERIVED_UID_FROM = (
+    "DTSTART",
+    "DTEND",
+    "DURATION",
+    "RRULE",
+    "RDATE",
+    "EXDATE",
+    "RECURRENCE-ID",
+    "SUMMARY",
+    "DESCRIPTION",
+    "LOCATION",
+    "ORGANIZER",
+)
+DERIVED_UID_PREFIX = "derived-"
 _TEXT_ESCAPE = re.compile(r"\\(.)", re.DOTALL)
 _TEXT_UNESCAPED = {"n": "\n", "N": "\n"}
 
@@ -81,12 +100,35 @@ class Component:
         return None if found is None else unescape_text(found.value)
 
     @property
-    def uid(self) -> str | None:
-        """The UID, stripped; None when absent or empty."""
+    def uid(self) -> str:
+        """The UID, stripped; for an event without one, a key derived from its content.
+
+        An ICS feed may leave UID out (RFC 5545 §3.8.4.7 requires it). The key
+        then is `derived-` and a hash of DTSTART, DTEND, DURATION, the
+        recurrence, SUMMARY, DESCRIPTION, LOCATION and ORGANIZER as written: the
+        same from one download to the next as long as the event is unchanged.
+        """
         found = self.first("UID")
-        if found is None:
-            return None
-        return found.value.strip() or None
+        if found is not None:
+            value = found.value.strip()
+            if value:
+                return value
+        derived = self.derived.get("uid")
+        if not isinstance(derived, str):
+            content = "\n".join(
+                f"{name};{item.parameters}:{item.value}"
+                for name in _DERIVED_UID_FROM
+                for item in self.all(name)
+            )
+            digest = hashlib.sha256(content.encode("utf-8", errors="replace")).hexdigest()
+            derived = self.derived["uid"] = DERIVED_UID_PREFIX + digest[:32]
+        return derived
+
+    @property
+    def uid_derived(self) -> bool:
+        """Whether `uid` is derived from the content (the event has no UID of its own)."""
+        found = self.first("UID")
+        return found is None or not found.value.strip()
 
 
 class ParsedObject(NamedTuple):
@@ -184,7 +226,8 @@ def parse_object(data: str | bytes) -> ParsedObject:
     if "\r" in text:
         text = text.replace("\r\n", "\n").replace("\r", "\n")
     timezones: dict[str, str] = {}
-    lines = _cut_timezones(_FOLD.sub("", text), timezones).split("\n")
+    fold = _FOLD_AFTER_BLANK_LINES if "\n\n" in text else _FOLD
+    lines = _cut_timezones(fold.sub("", text), timezones).split("\n")
     events: list[Component] = []
     # what the parser is inside: [] outside, ["VCALENDAR"], ["VCALENDAR", "VEVENT"], ...
     stack: list[str] = []
@@ -194,6 +237,8 @@ def parse_object(data: str | bytes) -> ParsedObject:
     timezone_id: str | None = None
     context = ObjectContext(timezones, None)
     event: Component | None = None
+    # after a whole VCALENDAR, stray lines are passed over (a feed's trailing comment)
+    closed = False
     index = -1
     count = len(lines)
     while index + 1 < count:
@@ -211,9 +256,11 @@ def parse_object(data: str | bytes) -> ParsedObject:
             parts = _split_line(line)
         if parts is None:
             if event is not None and len(stack) == 2:
+                if _is_foreign_extension(line):
+                    continue  # another app's broken X- line says nothing about a booking
                 # a broken line spoils its event only
                 event.problem = event.problem or f"line {index + 1} is not a 'NAME:value' property"
-            elif not stack:
+            elif not stack and not closed:
                 return ParsedObject((), _not_icalendar(index + 1, line))
             continue
         name, parameters, value = parts
@@ -258,6 +305,7 @@ def parse_object(data: str | bytes) -> ParsedObject:
             elif len(stack) == 1 and component == "VTIMEZONE" and timezone_id:
                 timezones.setdefault(timezone_id, "\r\n".join(timezone_lines) + "\r\n")
             elif not stack:
+                closed = True
                 # one VCALENDAR done: its events share its X-WR-TIMEZONE
                 finished = ObjectContext(timezones, calendar_zone)
                 for item in pending:
@@ -266,6 +314,8 @@ def parse_object(data: str | bytes) -> ParsedObject:
                 pending = []
             continue
         if not stack:
+            if closed:
+                continue  # text after the last END:VCALENDAR
             return ParsedObject((), _not_icalendar(index + 1, line))
         depth = len(stack)
         if depth == 2 and event is not None and stack[1] == "VEVENT":
@@ -356,6 +406,12 @@ def _cut_timezones(text: str, timezones: dict[str, str]) -> str:
         start = text.find(marker, position - 1)
     pieces.append(text[position:])
     return "".join(pieces)
+
+
+def _is_foreign_extension(line: str) -> bool:
+    """An X- property line of another app (X-APPLE-..., not X-GPURESA-...)."""
+    name = line[:10].upper()
+    return name.startswith("X-") and not name.startswith("X-GPURESA")
 
 
 def _not_icalendar(number: int, line: str) -> str:

@@ -178,6 +178,9 @@ def read_times(
     for value in values:
         if "/" in value:
             start_text, _, end_text = value.partition("/")
+            if _DATE.fullmatch(start_text.strip()):
+                # RFC 5545 §3.3.9: a period is bounded by date-times, never by dates
+                raise EventError(f"{property_name} period {value[:40]!r} must start at a time")
             start = read_time(property_name, start_text, found, context, zones)
             if not isinstance(start, datetime):
                 raise EventError(f"{property_name} period {value[:40]!r} must start at a time")
@@ -283,6 +286,11 @@ class _Timing(NamedTuple):
 def _timing(component: Component, zones: Zones, fallback: _Timing | None = None) -> _Timing:
     """DTSTART with DTEND or DURATION; raises `EventError` when they cannot be read."""
     context = component.context
+    properties = component.properties
+    for name in ("DTSTART", "DTEND", "DURATION"):
+        if len(properties.get(name, ())) > 1:
+            # RFC 5545 §3.6.1: at most one; which one the booking means is a guess
+            raise EventError(f"the event has more than one {name}")
     found_start = component.first("DTSTART")
     if found_start is None:
         if fallback is None:
@@ -293,8 +301,12 @@ def _timing(component: Component, zones: Zones, fallback: _Timing | None = None)
     found_duration = component.first("DURATION")
     if found_end is not None:
         end = read_time("DTEND", found_end.value, found_end, context, zones)
-        if isinstance(start, datetime) != isinstance(end, datetime):
-            raise EventError("DTSTART and DTEND must both be dates or both be date-times")
+        # a date beside a date-time (RFC 5545 §3.8.2.2 wants the same kind): the date
+        # stands for its 00:00 in the other's zone, and the event is a timed one
+        if isinstance(end, datetime) and not isinstance(start, datetime):
+            start = datetime.combine(start, time(), end.tzinfo)
+        elif isinstance(start, datetime) and not isinstance(end, datetime):
+            end = datetime.combine(end, time(), start.tzinfo)
         if isinstance(start, datetime) and isinstance(end, datetime):
             exact = int((end - start).total_seconds())
             return _Timing(start, Duration(0, exact), end.astimezone(UTC))
@@ -386,9 +398,8 @@ def expand(
             continue
         for component in parsed.events:
             uid = component.uid
-            if component.problem is not None or uid is None:
-                reason = component.problem or "the event has no UID"
-                problems.append(Problem(href, reason, uid=uid, component=component))
+            if component.problem is not None:
+                problems.append(Problem(href, component.problem, uid=uid, component=component))
                 continue
             group = groups.get(uid)
             if group is None:
@@ -468,10 +479,12 @@ def _expand_group(
             if _status(master) == "CANCELLED":
                 return  # a cancelled series cancels its exceptions too
             if master.all("RRULE") or master.all("RDATE"):
+                # RANGE=THISANDFUTURE overrides of the series' kind (dates or times)
                 future = sorted(
                     (original, component)
                     for component, original in group.overrides.values()
-                    if isinstance(original, datetime) and _is_this_and_future(component)
+                    if isinstance(original, datetime) != master_timing.all_day
+                    and _is_this_and_future(component)
                 )
                 _expand_series(
                     group,
@@ -720,7 +733,7 @@ def _expand_series(
     site_zone: tzinfo,
     window_start: datetime,
     window_end: datetime,
-    future: list[tuple[datetime, Component]],
+    future: list[tuple[date, Component]],
     occurrences: list[Occurrence],
 ) -> None:
     """The instances of a recurring series that overlap the window; raises `EventError`."""
@@ -736,7 +749,11 @@ def _expand_series(
         until = read_time("UNTIL", value, None, context, zones)
         if isinstance(until, datetime):
             if timing.all_day:
-                return datetime.combine(until.astimezone(site_zone).date(), time(23, 59, 59))
+                # a date-time UNTIL on a series of dates (RFC 5545 §3.3.10 wants a date):
+                # a day counts when its 00:00 on UNTIL's own clock (UTC for "Z") is not after
+                # it, as the reference readers take it
+                utc = value.strip().upper().endswith("Z")
+                return (until.astimezone(UTC) if utc else until).replace(tzinfo=None)
             return until.astimezone(zone).replace(tzinfo=None)
         return datetime.combine(until, time(23, 59, 59))
 
@@ -791,12 +808,19 @@ def _expand_series(
         if recurrence_id in group.overrides:
             continue  # the override stands for it
         component = master
-        applying = [item for item in future if item[0] <= start] if future else []
-        if applying:
+        applying = [item for item in future if item[0] <= original] if future else []
+        if applying and timing.all_day:
+            # RANGE=THISANDFUTURE on days: later days move by as many days as the override
+            anchor, component = applying[-1]
+            moved = _timing(component, _zones(component.context, site_zone), timing)
+            if isinstance(moved.start, datetime):
+                raise EventError("a THISANDFUTURE override must start on a date, like its series")
+            start, end = _instance(moved, wall + (moved.start - anchor), zone, site_zone)
+        elif applying:
             # RANGE=THISANDFUTURE: this and later instances move and change with the override
             anchor, component = applying[-1]
             moved = _timing(component, _zones(component.context, site_zone), timing)
-            if not isinstance(moved.start, datetime):
+            if not isinstance(moved.start, datetime) or not isinstance(anchor, datetime):
                 raise EventError("a THISANDFUTURE override must start at a time, like its series")
             moved_start = moved.start.astimezone(UTC)
             if moved.end is not None:

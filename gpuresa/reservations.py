@@ -257,6 +257,7 @@ class _BookingReader:
                 email=booking.email,
                 start=occurrence.start,
                 end=occurrence.end,
+                uid_derived=occurrence.component.uid_derived,
             )
         assert booking.host is not None and booking.user is not None
         assert booking.template is not None
@@ -277,6 +278,7 @@ class _BookingReader:
             created=booking.created,
             stamp=booking.stamp,
             tentative=booking.tentative,
+            uid_derived=occurrence.component.uid_derived,
         )
 
     def reject_problem(self, problem: Problem) -> Rejection:
@@ -302,6 +304,7 @@ class _BookingReader:
             email=email,
             start=problem.start,
             end=problem.end,
+            uid_derived=problem.component is not None and problem.component.uid_derived,
         )
 
     def booking(self, component: Component, uid: str) -> _Booking:

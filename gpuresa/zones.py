@@ -9,6 +9,7 @@ meaning). `zone_for` raises `EventError` when neither gives a zone.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, tzinfo
@@ -16,16 +17,57 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from gpuresa.errors import EventError
 
+# Names feeds write that are neither IANA names nor Windows zone IDs, by lower-case name.
+_OTHER_NAMES = {
+    # Exchange and Lotus Notes exports: CET with EU summer time
+    "western/central europe": "Europe/Berlin",
+}
+# Windows display names, which some Outlook versions write as the TZID, without their
+# "(UTC+01:00) " (or "(GMT+01.00) ") and lower-case, cities separated by ", "
+_DISPLAY_NAMES = {
+    "coordinated universal time": "Etc/UTC",
+    "dublin, edinburgh, lisbon, london": "Europe/London",
+    "amsterdam, berlin, bern, rome, stockholm, vienna": "Europe/Berlin",
+    "belgrade, bratislava, budapest, ljubljana, prague": "Europe/Budapest",
+    "brussels, copenhagen, madrid, paris": "Europe/Paris",
+    "sarajevo, skopje, warsaw, zagreb": "Europe/Warsaw",
+    "athens, bucharest": "Europe/Bucharest",
+    "athens, bucharest, istanbul": "Europe/Bucharest",
+    "helsinki, kyiv, riga, sofia, tallinn, vilnius": "Europe/Helsinki",
+    "helsinki, kiev, riga, sofia, tallinn, vilnius": "Europe/Helsinki",
+    "moscow, st. petersburg": "Europe/Moscow",
+    "moscow, st. petersburg, volgograd": "Europe/Moscow",
+    "jerusalem": "Asia/Jerusalem",
+    "chennai, kolkata, mumbai, new delhi": "Asia/Kolkata",
+    "beijing, chongqing, hong kong, urumqi": "Asia/Shanghai",
+    "osaka, sapporo, tokyo": "Asia/Tokyo",
+    "canberra, melbourne, sydney": "Australia/Sydney",
+    "eastern time (us & canada)": "America/New_York",
+    "central time (us & canada)": "America/Chicago",
+    "mountain time (us & canada)": "America/Denver",
+    "pacific time (us & canada)": "America/Los_Angeles",
+}
+_DISPLAY_OFFSET = re.compile(r"\((?:utc|gmt)(?:\s*[+-]\s*\d{1,2}[:.]\d{2})?\)\s*")
+_DISPLAY_SEPARATOR = re.compile(r"\s*[,/]\s*")
+
 
 @functools.lru_cache(maxsize=1024)
 def named_zone(name: str) -> tzinfo | None:
-    """The zone a TZID names: IANA, Windows, or "/vendor/.../Area/City"; None if none."""
-    from icalendar.timezone.windows_to_olson import WINDOWS_TO_OLSON
+    """The zone a TZID names; None if none.
 
+    Read are IANA names (also as "/vendor/.../Area/City"), Windows zone IDs in
+    any case, Windows display names ("(UTC+01:00) Brussels, Copenhagen, Madrid,
+    Paris") and a few other names feeds write.
+    """
     candidates = [name.strip().strip('"').strip("/")]
-    windows = WINDOWS_TO_OLSON.get(candidates[0])
-    if windows:
-        candidates.append(windows)
+    lower = candidates[0].lower()
+    known = (
+        _windows_names().get(lower)
+        or _OTHER_NAMES.get(lower)
+        or _DISPLAY_NAMES.get(_DISPLAY_SEPARATOR.sub(", ", _DISPLAY_OFFSET.sub("", lower, 1)))
+    )
+    if known:
+        candidates.append(known)
     parts = candidates[0].split("/")
     candidates.extend("/".join(parts[start:]) for start in range(1, len(parts)))
     for candidate in candidates:
@@ -36,6 +78,14 @@ def named_zone(name: str) -> tzinfo | None:
         except (ZoneInfoNotFoundError, ValueError, OSError, TypeError):
             continue
     return None
+
+
+@functools.cache
+def _windows_names() -> dict[str, str]:
+    """Windows zone IDs (lower case) to IANA names, as icalendar has them from CLDR."""
+    from icalendar.timezone.windows_to_olson import WINDOWS_TO_OLSON
+
+    return {windows.lower(): iana for windows, iana in WINDOWS_TO_OLSON.items()}
 
 
 @functools.lru_cache(maxsize=256)
