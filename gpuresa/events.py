@@ -19,18 +19,26 @@ icalendar, recurring-ical-events and dateutil as oracles.
 
 What is read, and how:
 
-- Lines are unfolded; a property line is ``NAME;PARAM=value:value``. A line
-  that is not spoils only the VEVENT it is in; a broken structure (BEGIN/END
-  that do not pair, text that is not iCalendar) spoils the whole object.
-- Times: TZID names (IANA, Windows as Outlook writes them, or
-  ``/vendor/Area/City``), else the object's VTIMEZONE of that TZID; UTC;
-  floating times in the calendar's X-WR-TIMEZONE (Google), else the site zone;
-  a calendar with X-WR-TIMEZONE also repeats its UTC series in that zone, as
-  Google means it. All-day events run from 00:00 to 00:00 in the site zone.
+- Lines are unfolded (after blank lines too); a property line is
+  ``NAME;PARAM=value:value``. A line that is not spoils only the VEVENT it is
+  in (another app's X- line is passed over); a broken structure (BEGIN/END
+  that do not pair, text that is not iCalendar) spoils the whole object; text
+  after the last END:VCALENDAR is passed over.
+- An event without UID (a feed may leave it out) gets a key derived from its
+  content (`Component.uid`), and says so (`Component.uid_derived`).
+- Times: TZID names (IANA, Windows IDs and display names as Outlook writes
+  them, or ``/vendor/Area/City``), else the object's VTIMEZONE of that TZID;
+  UTC; floating times in the calendar's X-WR-TIMEZONE (Google), else the site
+  zone; a calendar with X-WR-TIMEZONE also repeats its UTC series in that
+  zone, as Google means it. All-day events run from 00:00 to 00:00 in the
+  site zone; a date beside a date-time (DTSTART and DTEND of different kinds)
+  is its 00:00 in the date-time's zone.
 - Recurrence: RRULE (DAILY, WEEKLY, MONTHLY, YEARLY with INTERVAL, COUNT,
   UNTIL, BYDAY, BYMONTHDAY, BYMONTH, BYSETPOS, BYHOUR, BYMINUTE, BYSECOND,
   WKST), RDATE (dates, times, periods), EXDATE, and RECURRENCE-ID overrides
-  (moved or cancelled occurrences, RANGE=THISANDFUTURE too). Rules that repeat
+  (moved or cancelled occurrences, RANGE=THISANDFUTURE too, on all-day series
+  by days). A date-time UNTIL on an all-day series counts in UTC, as the
+  reference readers take it. Rules that repeat
   more often than daily, BYYEARDAY and BYWEEKNO are refused with a reason: no
   booking app writes them.
 
