@@ -262,6 +262,7 @@ class _BookingReader:
                 email=booking.email,
                 start=occurrence.start,
                 end=occurrence.end,
+                uid_derived=occurrence.component.uid_derived,
             )
         assert booking.host is not None and booking.user is not None
         assert booking.template is not None
@@ -282,6 +283,7 @@ class _BookingReader:
             created=booking.created,
             stamp=booking.stamp,
             tentative=booking.tentative,
+            uid_derived=occurrence.component.uid_derived,
         )
 
     def reject_problem(self, problem: Problem) -> Rejection:
@@ -307,6 +309,7 @@ class _BookingReader:
             email=email,
             start=problem.start,
             end=problem.end,
+            uid_derived=problem.component is not None and problem.component.uid_derived,
         )
 
     def booking(self, component: Component, uid: str) -> _Booking:

@@ -554,6 +554,10 @@ gpus = [0, 1, 2, 3]
     return config
 
 
+# the key of the event without UID below: a hash of its DTSTART, DTEND, SUMMARY, DESCRIPTION
+DERIVED = "derived-33bb8ec58f937ca5495f8b9f197f2057"
+
+
 def test_reservations_json_is_exactly_the_public_shape(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -564,6 +568,9 @@ def test_reservations_json_is_exactly_the_public_shape(
         event(uid="weekly", start=START - timedelta(hours=1), extra="RRULE:FREQ=WEEKLY;COUNT=2")
     )
     (folder / "bad.ics").write_text(event(uid="bad", summary="Not A Login"))
+    # a feed may leave UID out: the key is derived from the event's content
+    without_uid = event(start=START + timedelta(days=10)).replace("UID:booking-1\r\n", "")
+    (folder / "no-uid.ics").write_text(without_uid)
     config = write_config(tmp_path, f'name = "lab"\nkind = "ics"\nurl = "{folder}"\nhost = "gpu1"')
     code = main(
         ["--config", str(config), "reservations", "--from", "2026-03-01", "--to", "2026-04-01",
@@ -573,21 +580,28 @@ def test_reservations_json_is_exactly_the_public_shape(
     document = json.loads(capsys.readouterr().out)
     assert document == {
         "reservations": [
-            {"key": "weekly@20260310T070000Z", "uid": "weekly", "recurrence_id": "20260310T070000Z",
+            {"key": "weekly@20260310T070000Z", "uid": "weekly", "uid_derived": False,
+             "recurrence_id": "20260310T070000Z",
              "calendar": "lab", "host": "gpu1", "user": "alice", "template": "pytorch",
              "cuda": "12.4", "gpus": 2, "start": "2026-03-10T07:00:00+00:00",
              "end": "2026-03-10T09:00:00+00:00"},
-            {"key": "booking-1", "uid": "booking-1", "recurrence_id": None, "calendar": "lab",
+            {"key": "booking-1", "uid": "booking-1", "uid_derived": False, "recurrence_id": None,
+             "calendar": "lab",
              "host": "gpu1", "user": "alice", "template": "pytorch", "cuda": "12.4", "gpus": 2,
              "start": "2026-03-10T08:00:00+00:00", "end": "2026-03-10T10:00:00+00:00"},
-            {"key": "weekly@20260317T070000Z", "uid": "weekly", "recurrence_id": "20260317T070000Z",
+            {"key": "weekly@20260317T070000Z", "uid": "weekly", "uid_derived": False,
+             "recurrence_id": "20260317T070000Z",
              "calendar": "lab", "host": "gpu1", "user": "alice", "template": "pytorch",
              "cuda": "12.4", "gpus": 2, "start": "2026-03-17T07:00:00+00:00",
              "end": "2026-03-17T09:00:00+00:00"},
+            {"key": DERIVED, "uid": DERIVED, "uid_derived": True, "recurrence_id": None,
+             "calendar": "lab", "host": "gpu1", "user": "alice", "template": "pytorch",
+             "cuda": "12.4", "gpus": 2, "start": "2026-03-20T08:00:00+00:00",
+             "end": "2026-03-20T10:00:00+00:00"},
         ],
         # booking-1 and the series' first occurrence share the 4 GPUs (2 + 2): both fit
         "rejected": [
-            {"key": "bad", "uid": "bad", "calendar": "lab",
+            {"key": "bad", "uid": "bad", "uid_derived": False, "calendar": "lab",
              "reason": "'Not A Login' (from the title) is not a login: lower-case letters, "
              "digits, '_' and '-', starting with a letter or '_', at most 32"},
         ],
