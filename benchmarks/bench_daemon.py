@@ -5,6 +5,10 @@ process, books reservations with the caldav client and prints a table:
 
 * start latency: first successful SSH login minus the booking's start time;
 * end latency: containers gone minus (end + stop grace);
+* start latency of eight sessions booked for the same instant (SSH key exchange);
+* start latency of a session that starts during a hostile session's last
+  warning, with the SMTP relay hanging (the hostile user replaced `wall`,
+  `pkill` and the rest in their session and left processes that ignore SIGTERM);
 * idle cost: CPU seconds and resident memory of the daemon over 60 s with 50
   upcoming reservations in the calendar, at two poll intervals.
 
@@ -31,6 +35,15 @@ import paramiko
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
 from conftest import BASE_IMAGE, start_radicale
+from daemon_stage import (
+    DaemonProcess,
+    HangingRelay,
+    at,
+    make_hostile,
+    wait_ssh_ready,
+)
+from daemon_stage import write_config as write_stage_config
+from test_daemon_cli import ics_event
 
 from gpuresa.config import Config, load_config
 from gpuresa.demo import free_port_block
@@ -189,6 +202,81 @@ def latency(directory: Path, count: int) -> tuple[list[float], list[float]]:
         radicale.stop()
 
 
+def simultaneous(directory: Path, count: int) -> list[float]:
+    """Seconds from the shared start to each session's first SSH key exchange."""
+    relay = HangingRelay()
+    try:
+        config_file = write_stage_config(directory, count, relay.port)
+        config = load_config(config_file)
+        start = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=25)
+        keys = [f"nine-{index}" for index in range(count)]
+        for key in keys:
+            (directory / "calendar" / f"{key}.ics").write_text(
+                ics_event(key, start, start + timedelta(minutes=30), "alice", "")
+            )
+        daemon = DaemonProcess(config_file, directory / "daemon.log")
+        ready: dict[str, float | None] = {}
+        try:
+            threads = [
+                threading.Thread(
+                    target=lambda key=key: ready.__setitem__(
+                        key, wait_ssh_ready(config, key, at(start) + 30)
+                    )
+                )
+                for key in keys
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        finally:
+            daemon.stop()
+            _remove_sessions(config)
+        return [moment - at(start) for moment in ready.values() if moment is not None]
+    finally:
+        relay.close()
+
+
+def hostile_neighbour(directory: Path) -> float | None:
+    """Start latency of a session beginning in a hostile session's last warning."""
+    relay = HangingRelay()
+    try:
+        config_file = write_stage_config(directory, 2, relay.port)
+        config = load_config(config_file)
+        now = datetime.now(UTC).replace(microsecond=0)
+        hostile_end = now + timedelta(seconds=45)
+        second_start = hostile_end - timedelta(seconds=10)
+        calendar = directory / "calendar"
+        calendar.joinpath("hostile.ics").write_text(
+            ics_event("hostile", now, hostile_end, "alice", "")
+        )
+        calendar.joinpath("second.ics").write_text(
+            ics_event("second", second_start, second_start + timedelta(minutes=30), "bob", "")
+        )
+        daemon = DaemonProcess(config_file, directory / "daemon.log")
+        try:
+            if wait_ssh_ready(config, "hostile", time.monotonic() + 30) is None:
+                return None
+            runtime = Runtime(config)
+            main = runtime.engine.client.containers.list(
+                filters={"label": ["gpuresa.reservation=hostile", "gpuresa.role=main"]}
+            )[0]
+            make_hostile(main)
+            ready = wait_ssh_ready(config, "second", at(second_start) + 30)
+            return None if ready is None else ready - at(second_start)
+        finally:
+            daemon.stop()
+            _remove_sessions(config)
+    finally:
+        relay.close()
+
+
+def _remove_sessions(config: Config) -> None:
+    runtime = Runtime(config)
+    for session in runtime.list_sessions():
+        runtime.kill(session.key)
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -235,25 +323,36 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=5)
     parser.add_argument("--idle-seconds", type=int, default=60)
+    parser.add_argument("--hostile-rounds", type=int, default=3)
     arguments = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="gpuresa-bench-") as temporary:
         root = Path(temporary)
         starts, ends = latency(root / "latency", arguments.sessions)
+        (root / "eight").mkdir()
+        eight = simultaneous(root / "eight", 8)
+        neighbours = []
+        for index in range(arguments.hostile_rounds):
+            (root / f"hostile-{index}").mkdir()
+            measured = hostile_neighbour(root / f"hostile-{index}")
+            if measured is not None:
+                neighbours.append(measured)
         idle_rows = []
         for poll in ("30s", "5s"):
             used, memory = idle(root / f"idle-{poll}", poll, arguments.idle_seconds)
             idle_rows.append((poll, used, memory))
-    print(f"\n{'measure':<46} {'n':>3} {'median':>9} {'max':>9}")
+    print(f"\n{'measure':<52} {'n':>3} {'median':>9} {'max':>9}")
     for name, values in (
         ("start latency: SSH login - start (s)", starts),
         ("end latency: containers gone - (end+grace) (s)", ends),
+        ("eight at once: SSH ready - start (s)", eight),
+        ("beside a hostile session, relay hanging (s)", neighbours),
     ):
         if values:
             print(
-                f"{name:<46} {len(values):>3} {statistics.median(values):>9.2f} {max(values):>9.2f}"
+                f"{name:<52} {len(values):>3} {statistics.median(values):>9.2f} {max(values):>9.2f}"
             )
         else:
-            print(f"{name:<46} {0:>3} {'-':>9} {'-':>9}")
+            print(f"{name:<52} {0:>3} {'-':>9} {'-':>9}")
     cpu_heading = f"CPU s / {arguments.idle_seconds} s"
     print(f"\n{'idle daemon, 50 upcoming reservations':<40} {cpu_heading:>14} {'RSS MiB':>9}")
     for poll, used, memory in idle_rows:
