@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -34,7 +32,16 @@ import docker.errors
 import requests.exceptions
 import urllib3.exceptions
 
-from gpuresa.runtime.errors import EngineTimeout, PortRefused, RuntimeUnavailable, SessionError
+from gpuresa.runtime.engine_errors import (
+    EngineRefused,
+    NotFound,
+    dumps,
+    explanation,
+    refused_ports,
+    removal_in_progress,
+    timed_out,
+)
+from gpuresa.runtime.errors import EngineTimeout, PortRefused, RuntimeUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -48,69 +55,6 @@ BUILD_TIMEOUT = 3600.0
 POOL_SIZE = 32
 
 __all__ = ["Engine", "EngineRefused", "EngineTimeout", "NotFound", "PortRefused", "dumps"]
-
-
-class EngineRefused(SessionError):
-    """The engine answered with an error; `status` is its HTTP status."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class NotFound(EngineRefused):
-    """What was asked for does not exist (HTTP 404)."""
-
-
-def _explanation(error: docker.errors.APIError) -> str:
-    explanation = error.explanation
-    if isinstance(explanation, bytes):
-        explanation = explanation.decode(errors="replace")
-    return str(explanation or error).strip()
-
-
-def _removal_in_progress(error: docker.errors.APIError) -> bool:
-    text = _explanation(error).lower()
-    return error.status_code == 409 and ("in progress" in text or "removing" in text)
-
-
-# What Docker says when a host port it should publish is taken
-_PORT_TAKEN = ("port is already allocated", "address already in use")
-# "Bind for 127.0.0.1:40001 failed", "listen tcp4 127.0.0.1:40001: bind", "[::1]:40001"
-_PORT_ADDRESS = re.compile(r"(?:Bind for |listen [a-z0-9]+ )(\S+)")
-
-
-def refused_ports(text: str) -> tuple[int, ...] | None:
-    """The host ports an engine error says are taken; None when it is not about ports.
-
-    Given Docker's error text; returns the port numbers it names (empty when it
-    names none it can read).
-    """
-    if not any(phrase in text.lower() for phrase in _PORT_TAKEN):
-        return None
-    ports = set()
-    for address in _PORT_ADDRESS.findall(text):
-        number = address.rstrip(":").rpartition(":")[2]
-        if number.isdigit() and 0 < int(number) < 65536:
-            ports.add(int(number))
-    return tuple(sorted(ports))
-
-
-def _timed_out(error: BaseException | None) -> bool:
-    """Whether a transport error means "connected, but no answer in time"."""
-    seen = 0
-    while error is not None and seen < 8:
-        if isinstance(error, requests.exceptions.ConnectTimeout):
-            return False  # never connected: the engine is away
-        if isinstance(
-            error,
-            requests.exceptions.ReadTimeout | urllib3.exceptions.ReadTimeoutError | TimeoutError,
-        ):
-            return True
-        nested = [item for item in getattr(error, "args", ()) if isinstance(item, BaseException)]
-        error = nested[0] if nested else (error.__cause__ or error.__context__)
-        seen += 1
-    return False
 
 
 class Engine:
@@ -157,7 +101,7 @@ class Engine:
                 )
             return docker.from_env(timeout=self.timeout, max_pool_size=POOL_SIZE)
         except docker.errors.DockerException as error:
-            if _timed_out(error):
+            if timed_out(error):
                 raise EngineTimeout(
                     f"the Docker engine did not answer within {self.timeout:g} s: {error}"
                 ) from None
@@ -175,9 +119,9 @@ class Engine:
         try:
             yield
         except docker.errors.NotFound as error:
-            raise NotFound(f"Docker: cannot {what}: {_explanation(error)}", 404) from None
+            raise NotFound(f"Docker: cannot {what}: {explanation(error)}", 404) from None
         except docker.errors.APIError as error:
-            reason = _explanation(error)
+            reason = explanation(error)
             ports = refused_ports(reason)
             if ports is not None:
                 raise PortRefused(f"Docker refused to {what}: {reason}", ports) from None
@@ -188,7 +132,7 @@ class Engine:
             urllib3.exceptions.HTTPError,
             TimeoutError,
         ) as error:
-            if _timed_out(error):
+            if timed_out(error):
                 raise EngineTimeout(
                     f"the Docker engine did not answer in time ({what}): {error}"
                 ) from None
@@ -417,7 +361,7 @@ class Engine:
                 except docker.errors.APIError as error:
                     if error.status_code == 404:
                         raise
-                    if not _removal_in_progress(error):
+                    if not removal_in_progress(error):
                         raise
                     log.debug("%s: container %s is already being removed", key, container)
         except NotFound:
@@ -430,7 +374,7 @@ class Engine:
                 try:
                     self.api.kill(container, signal="SIGKILL")
                 except docker.errors.APIError as error:
-                    if error.status_code == 409 and "not running" in _explanation(error).lower():
+                    if error.status_code == 409 and "not running" in explanation(error).lower():
                         return
                     raise
         except NotFound:
@@ -456,18 +400,3 @@ class Engine:
         except EngineRefused:
             return ""
         return output.decode(errors="replace") if isinstance(output, bytes) else str(output)
-
-
-def dumps(value: Any) -> str:
-    """JSON of an API payload with secrets masked, for debug logs."""
-
-    def mask(item: Any) -> Any:
-        if isinstance(item, dict):
-            return {key: mask(value) for key, value in item.items()}
-        if isinstance(item, list):
-            return [mask(value) for value in item]
-        if isinstance(item, str) and item.startswith("FTP_PASSWORD="):
-            return "FTP_PASSWORD=***"
-        return item
-
-    return json.dumps(mask(value), sort_keys=True)

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from gpuresa.runtime.payload import FTP_ROLE, MAIN_ROLE, ROLE_LABEL
+from gpuresa.model import Session
+from gpuresa.runtime.payload import FTP_ROLE, KEY_LABEL, MAIN_ROLE, ROLE_LABEL, session_from_labels
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,45 @@ def by_role(containers: Iterable[dict[str, Any]]) -> Found:
         elif role == FTP_ROLE:
             ftp = container
     return Found(main, ftp)
+
+
+def by_key(containers: Iterable[dict[str, Any]]) -> dict[str, Found]:
+    """Containers of several sessions, grouped by session key, then by role."""
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for container in containers:
+        key = container.get("Config", {}).get("Labels", {}).get(KEY_LABEL)
+        if key is not None:
+            grouped.setdefault(key, []).append(container)
+    return {key: by_role(members) for key, members in grouped.items()}
+
+
+def session_from(key: str, found: Found, end: datetime | None) -> Session | None:
+    """The session that containers `found` make up; None when there are none.
+
+    state: "running" (both containers run), "created" (prepared: the main
+    container not yet started) or "stopped" (anything else: exited, half
+    there). `end`, when given, overrides the labels' (a moved end). Containers
+    whose labels gpuresa did not write are logged and give None.
+    """
+    reference = found.main or found.ftp
+    if reference is None:
+        return None
+    main, sidecar = status(found.main), status(found.ftp)
+    if main == sidecar == "running":
+        state = "running"
+    elif main == "created" and sidecar in ("created", "running"):
+        # prepared: the sidecar may already run, the user's container not yet
+        state = "created"
+    else:
+        # exited, killed, or half there
+        state = "stopped"
+    password = environment(found.ftp).get("FTP_PASSWORD", "") if found.ftp else ""
+    names = tuple(container_name(container) for container in found.all)
+    try:
+        return session_from_labels(reference["Config"]["Labels"], state, names, password, end)
+    except (KeyError, ValueError) as error:
+        log.warning("%s: containers %s have labels gpuresa cannot read (%s)", key, names, error)
+        return None
 
 
 def status(container: dict[str, Any] | None) -> str:

@@ -17,61 +17,39 @@ called from several threads at once for different sessions.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import socket
-import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gpuresa.access import (
-    AccessError,
-    authorized_keys,
-    container_uid,
-    ftp_credentials,
     host_account,
 )
 from gpuresa.config import Config, HostConfig
 from gpuresa.model import Session, SessionSpec
 from gpuresa.runtime import garbage, stopping
-from gpuresa.runtime.engine import Engine, dumps
+from gpuresa.runtime.engine import Engine
 from gpuresa.runtime.errors import (
-    EngineTimeout,
-    ImageMissing,
-    PortRefused,
     RuntimeUnavailable,
     SessionError,
 )
-from gpuresa.runtime.gpus import HostGpus, host_gpu_access
+from gpuresa.runtime.gpus import HostGpus
 from gpuresa.runtime.images import Images
-from gpuresa.runtime.lookup import Found, by_role, container_name, environment, status
+from gpuresa.runtime.lookup import Found, by_key, by_role, container_name, session_from, status
 from gpuresa.runtime.namespaces import require_user_namespaces
-from gpuresa.runtime.output import hand_over, output_path, prepare_output, remap_base
+from gpuresa.runtime.output import hand_over, remap_base
 from gpuresa.runtime.payload import (
-    FTP_ROLE,
     HOST_LABEL,
     KEY_LABEL,
-    MAIN_ROLE,
-    NETWORK_ROLE,
-    ROLE_LABEL,
-    MainContainer,
-    ftp_name,
-    ftp_payload,
-    main_payload,
     passive_address,
-    session_from_labels,
-    session_labels,
     session_name,
     utc_text,
 )
-from gpuresa.runtime.readiness import log_tails, wait_ready
 from gpuresa.runtime.records import EndRecords
 from gpuresa.runtime.session_files import SessionFacts, SessionFiles, end_text
-from gpuresa.runtime.sidecar import revive_sidecar
 from gpuresa.runtime.specs import check_spec, new_spec
-from gpuresa.runtime.templates import resolve_template
+from gpuresa.runtime.starting import prepare_session, start_session
 
 if TYPE_CHECKING:
     from docker import DockerClient
@@ -158,21 +136,16 @@ class Runtime:
         left out.
         """
         containers = self.engine.containers({"label": [f"{HOST_LABEL}={self.config.daemon.host}"]})
-        grouped: dict[str, list[dict[str, Any]]] = {}
-        for container in containers:
-            key = container.get("Config", {}).get("Labels", {}).get(KEY_LABEL)
-            if key is not None:
-                grouped.setdefault(key, []).append(container)
         sessions = []
-        for key, members in grouped.items():
-            session = self._session(key, by_role(members))
+        for key, found in by_key(containers).items():
+            session = self.session_of(key, found)
             if session is not None:
                 sessions.append(session)
         return sorted(sessions, key=lambda session: (session.start, session.key))
 
     def session(self, key: str) -> Session | None:
         """The session `key` of this host as Docker shows it, or None."""
-        return self._session(key, self.find(key))
+        return self.session_of(key, self.find(key))
 
     def find(self, key: str) -> Found:
         """The containers of session `key` (full `inspect`), by role."""
@@ -181,28 +154,9 @@ class Runtime:
         )
         return by_role(containers)
 
-    def _session(self, key: str, found: Found) -> Session | None:
-        reference = found.main or found.ftp
-        if reference is None:
-            return None
-        main, sidecar = status(found.main), status(found.ftp)
-        if main == sidecar == "running":
-            state = "running"
-        elif main == "created" and sidecar in ("created", "running"):
-            # prepared: the sidecar may already run, the user's container not yet
-            state = "created"
-        else:
-            # exited, killed, or half there
-            state = "stopped"
-        password = environment(found.ftp).get("FTP_PASSWORD", "") if found.ftp else ""
-        names = tuple(container_name(container) for container in found.all)
-        try:
-            return session_from_labels(
-                reference["Config"]["Labels"], state, names, password, self.ends.recorded(key)
-            )
-        except (KeyError, ValueError) as error:
-            log.warning("%s: containers %s have labels gpuresa cannot read (%s)", key, names, error)
-            return None
+    def session_of(self, key: str, found: Found) -> Session | None:
+        """The session that containers `found` make up, with its recorded end (see `lookup`)."""
+        return session_from(key, found, self.ends.recorded(key))
 
     # --- checks before anything is made ----------------------------------------------------
 
@@ -228,88 +182,8 @@ class Runtime:
         that fails midway is undone (`PortRefused` names the ports Docker
         could not publish).
         """
-        session, _ = self._prepare(spec, start_sidecar=True)
+        session, _ = prepare_session(self, spec, start_sidecar=True)
         return session
-
-    def _prepare(self, spec: SessionSpec, *, start_sidecar: bool) -> tuple[Session, Found]:
-        key = spec.key
-        self.check_spec(spec)
-        # before anything is made: an engine without user namespaces is refused
-        remapped_uid, remapped_gid = self.remapped_ids()
-        found = self.find(key)
-        existing = self._session(key, found)
-        if existing is not None and found.complete and existing.state in ("created", "running"):
-            log.debug("%s: already %s", key, existing.state)
-            return existing, found
-        template, variant = resolve_template(self.config.templates, spec.template, spec.cuda)
-        # images are built by the daemon's build worker, never here
-        image = self.images.require_image(spec.template, variant.name)
-        ftp_image = self.images.require_ftp_image()
-        if found.all:
-            log.info(
-                "%s: removing its %s containers to make them again",
-                key,
-                existing.state if existing else "unreadable",
-            )
-            self._remove(key, found)
-        users = self.config.users
-        try:
-            keys = authorized_keys(spec.user, users)
-            uid = container_uid(spec.user, users)
-            credentials = ftp_credentials(spec.user)
-        except AccessError as error:
-            raise SessionError(f"session {key}: {error}") from None
-        gpu = host_gpu_access(self.host, spec.gpus)
-        output_dir = output_path(self.config, spec)
-        prepare_output(output_dir, remapped_uid + uid, remapped_gid + uid, key)
-        labelled = dataclasses.replace(spec, cuda=variant.name)
-        self.ends.forget(key)
-        files = self.files.show_facts(key, self._facts(labelled), self.config.reservations.timezone)
-        labels = session_labels(labelled, uid, output_dir, credentials.user)
-        main = MainContainer(
-            image=image,
-            uid=uid,
-            authorized_keys=keys,
-            output_dir=output_dir,
-            session_files=files,
-            command=template.command or (),
-            gpu=gpu,
-        )
-        main_config = main_payload(self.config, labelled, main, labels)
-        sidecar_config = ftp_payload(
-            self.config,
-            labelled,
-            ftp_image,
-            uid,
-            credentials.user,
-            credentials.password,
-            output_dir,
-            labels,
-            self.announced_address(key),
-        )
-        log.debug("%s: main container %s", key, dumps(main_config))
-        log.debug("%s: FTP sidecar %s", key, dumps(sidecar_config))
-        name = session_name(spec.host, key)
-        sidecar = ftp_name(spec.host, key)
-        try:
-            self.engine.create_network(name, {**labels, ROLE_LABEL: NETWORK_ROLE}, key)
-            self.engine.create_container(sidecar, sidecar_config, key)
-            self.engine.create_container(name, main_config, key)
-            if start_sidecar:
-                self.engine.start_container(sidecar, key)
-        except SessionError as error:
-            self._remove_quietly(key)
-            raise _same_kind(error, f"session {key} could not be prepared: {error}") from None
-        log.info(
-            "%s: prepared for %s (template %s %s, GPUs %s, ssh %d, ftp %d)",
-            key, spec.user, spec.template, variant.name, list(spec.gpus),
-            spec.ssh_port, spec.ftp_port,
-        )  # fmt: skip
-        found = self.find(key)
-        session = self._session(key, found)
-        if session is None:
-            raise SessionError(f"session {key} was created but Docker does not list it")
-        return session, found
 
     def start(self, spec: SessionSpec, ready_timeout: float = 30) -> Session:
         """Start the session of `spec` and return it once SSH and FTP answer.
@@ -324,48 +198,9 @@ class Runtime:
         the end of the containers' logs (`PortRefused` with the ports Docker
         could not publish).
         """
-        key = spec.key
-        started = time.monotonic()
-        existing = self.session(key)
-        if existing is not None and existing.state == "running":
-            log.debug("%s: already running", key)
-            return existing
-        if existing is not None and revive_sidecar(self, key, started + ready_timeout):
-            return self.session(key) or existing
-        # from nothing, both containers start at once below: faster than in turn
-        session, found = self._prepare(spec, start_sidecar=False)
-        waiting = {
-            role: container
-            for role, container in ((MAIN_ROLE, found.main), (FTP_ROLE, found.ftp))
-            if container is not None and status(container) != "running"
-        }
-        try:
-            with ThreadPoolExecutor(max_workers=2) as pool:
-                starting = {
-                    role: pool.submit(self.engine.start_container, container_name(container), key)
-                    for role, container in waiting.items()
-                }
-                wait_ready(
-                    session,
-                    self.probe_address(),
-                    started + ready_timeout,
-                    starting,
-                    lambda: self.find(key),
-                )
-            self._show_facts(key, session)
-        except SessionError as error:
-            logs = log_tails(self.engine, found)
-            log.error("%s: start failed: %s%s", key, error, logs)
-            self._remove_quietly(key)
-            raise _same_kind(error, f"session {key} did not start: {error}{logs}") from None
-        running = self.session(key) or session
-        log.info(
-            "%s: running for %s in %.2f s (ssh port %d, ftp port %d)",
-            key, running.user, time.monotonic() - started, running.ssh_port, running.ftp_port,
-        )  # fmt: skip
-        return running
+        return start_session(self, spec, ready_timeout)
 
-    def _facts(self, session: Session | SessionSpec) -> SessionFacts:
+    def facts(self, session: Session | SessionSpec) -> SessionFacts:
         storage = self.config.storage
         return SessionFacts(
             user=session.user,
@@ -377,9 +212,9 @@ class Runtime:
             input_targets=tuple(mount.target for mount in storage.inputs),
         )
 
-    def _show_facts(self, key: str, session: Session) -> None:
+    def show_facts(self, key: str, session: Session) -> None:
         """Rewrite the session's banner, motd and end on the host (the recorded end wins)."""
-        self.files.show_facts(key, self._facts(session), self.config.reservations.timezone)
+        self.files.show_facts(key, self.facts(session), self.config.reservations.timezone)
 
     def announced_address(self, key: str) -> str:
         """The IPv4 address PASV replies announce: `passive_address`, resolved on this host."""
@@ -430,7 +265,7 @@ class Runtime:
         self._end(key, self.find(key))
 
     def _end(self, key: str, found: Found) -> None:
-        session = self._session(key, found)
+        session = self.session_of(key, found)
         stopping.kill_from_host(key, found)
         stopping.remove_containers(self.engine, key, found)
         self._remove_networks(key)
@@ -473,17 +308,17 @@ class Runtime:
         for network in names:
             self.engine.remove_network(network, key)
 
-    def _remove(self, key: str, found: Found | None = None) -> None:
+    def remove_now(self, key: str, found: Found | None = None) -> None:
         """Remove a session's containers and network at once (no grace, output kept)."""
         found = found or self.find(key)
         stopping.kill_from_host(key, found)
         stopping.remove_containers(self.engine, key, found)
         self._remove_networks(key)
 
-    def _remove_quietly(self, key: str) -> None:
+    def roll_back(self, key: str) -> None:
         """Roll back after a failure; a failing rollback is logged, never hides the first error."""
         try:
-            self._remove(key)
+            self.remove_now(key)
         except (SessionError, RuntimeUnavailable) as error:
             log.error("%s: rollback failed, leftovers may remain: %s", key, error)
         self.files.remove(key)
@@ -530,9 +365,9 @@ class Runtime:
             log.info("%s: no session to extend", key)
             return
         self.ends.record(key, end)
-        session = self._session(key, found)
+        session = self.session_of(key, found)
         if session is not None and found.main is not None:
-            self._show_facts(key, session)
+            self.show_facts(key, session)
         log.info("%s: now ends at %s", key, utc_text(end))
 
     # --- leftovers -------------------------------------------------------------------------
@@ -581,14 +416,3 @@ class Runtime:
             key=key,
             email=email,
         )
-
-
-def _same_kind(error: SessionError, message: str) -> SessionError:
-    """A `SessionError` saying `message`, of the same kind as `error` (with its details)."""
-    if isinstance(error, PortRefused):
-        return PortRefused(message, error.ports)
-    if isinstance(error, ImageMissing):
-        return ImageMissing(message, error.template, error.cuda)
-    if isinstance(error, EngineTimeout):
-        return EngineTimeout(message)
-    return SessionError(message)
