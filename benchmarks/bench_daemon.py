@@ -147,6 +147,7 @@ def latency(directory: Path, count: int) -> tuple[list[float], list[float]]:
         config = write_config(directory, str(calendar.url), radicale, "5s")
         runtime = Runtime(config)
         runtime.ensure_image("pytorch", None)
+        runtime.ensure_ftp_image()  # starts never build images
         key_file = directory / "user_key"
         base = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=20)
         bookings = []

@@ -224,6 +224,7 @@ def test_a_long_image_build_does_not_hold_up_other_sessions(
     )
     config = load_config(config_file)
     Runtime(config).ensure_image("pytorch", None)
+    Runtime(config).ensure_ftp_image()  # starts never build images
     start = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=3)
     end = start + timedelta(minutes=30)
     calendar = tmp_path / "calendar"

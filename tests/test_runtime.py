@@ -282,8 +282,10 @@ def test_the_containers_are_confined(site: Site) -> None:
     assert settings["ShmSize"] == 256 * 1024**2
     assert settings["PidsLimit"] == 512
     mounts = {mount["Destination"]: mount for mount in main_container.attrs["Mounts"]}
-    assert set(mounts) == {"/data", "/output"}
+    assert set(mounts) == {"/data", "/output", "/etc/gpuresa/session"}
     assert mounts["/data"]["RW"] is False and mounts["/output"]["RW"] is True
+    # the session's files are written on the host; the session may only read them
+    assert mounts["/etc/gpuresa/session"]["RW"] is False
     with ssh_login(session, "alice", site.key("alice")) as client:
         # root through sudo keeps only the capabilities sshd and sudo need
         code, output = run(client, "sudo -n grep CapEff /proc/self/status")

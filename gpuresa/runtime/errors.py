@@ -1,12 +1,20 @@
-"""The two ways the runtime fails: the engine is away, or a session is refused."""
+"""How the runtime fails: the engine is away, or a session's action failed or was refused.
+
+`RuntimeUnavailable` means nothing could be asked of the engine at all; every
+other failure is a `SessionError` about one session, with a reason a person can
+act on, and some carry what the daemon needs to act on it (`ImageMissing`,
+`PortRefused`).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from gpuresa.errors import UserError
 
 
 class RuntimeUnavailable(Exception):
-    """The Docker engine does not answer (down, restarting, or too slow).
+    """The Docker engine cannot be reached at all (no socket, connection refused).
 
     Nothing was decided about any session: the daemon retries with backoff.
     """
@@ -22,22 +30,39 @@ class SessionError(UserError):
 
 
 class EngineTimeout(SessionError):
-    """One engine call did not finish in time: that action failed, the engine may be fine."""
+    """The engine took the request but did not answer in time: that action failed.
+
+    The engine may still carry it out; the daemon retries or escalates (a stop
+    that timed out is followed by `Runtime.kill`).
+    """
 
 
 class ImageMissing(SessionError):
-    """A session's image is not built yet; the daemon builds it off the loop and retries."""
+    """A session's image is not on this host; `prepare` and `start` never build one.
 
-    def __init__(self, message: str, template: str | None = None, cuda: str | None = None) -> None:
+    `template` and `cuda` name the template variant to build with
+    `Runtime.ensure_image(template, cuda)`; both are None for the FTP
+    sidecar's image (`Runtime.ensure_ftp_image()`).
+    """
+
+    def __init__(self, message: str, template: str | None = None, cuda: str | None = None):
         super().__init__(message)
-        # None for the FTP sidecar's image
         self.template = template
         self.cuda = cuda
 
+    @property
+    def ftp_sidecar(self) -> bool:
+        """Whether the missing image is the FTP sidecar's."""
+        return self.template is None
+
 
 class PortRefused(SessionError):
-    """The engine could not bind these host ports (another program listens there)."""
+    """Docker refused to publish `ports`: another program (or container) holds them.
 
-    def __init__(self, message: str, ports: tuple[int, ...] = ()) -> None:
+    The session was rolled back; the daemon remembers these ports and gives
+    the session others.
+    """
+
+    def __init__(self, message: str, ports: Iterable[int]) -> None:
         super().__init__(message)
-        self.ports = ports
+        self.ports = tuple(sorted(set(ports)))
