@@ -63,6 +63,6 @@ class PortRefused(SessionError):
     the session others.
     """
 
-    def __init__(self, message: str, ports: Iterable[int]) -> None:
+    def __init__(self, message: str, ports: Iterable[int] = ()) -> None:
         super().__init__(message)
         self.ports = tuple(sorted(set(ports)))

@@ -48,13 +48,15 @@ def prepare_session(
     """`Runtime.prepare`, which says what it does; also gives the containers found after."""
     key = spec.key
     runtime.check_spec(spec)
-    # before anything is made: an engine without user namespaces is refused
-    remapped_uid, remapped_gid = runtime.remapped_ids()
     found = runtime.find(key)
     existing = runtime.session_of(key, found)
     if existing is not None and found.complete and existing.state in ("created", "running"):
+        # made under the check below; an engine without user namespaces (another
+        # data root) would not even list it
         log.debug("%s: already %s", key, existing.state)
         return existing, found
+    # before anything is made, every time: an engine without user namespaces is refused
+    remapped_uid, remapped_gid = runtime.remapped_ids()
     template, variant = resolve_template(runtime.config.templates, spec.template, spec.cuda)
     # images are built by the daemon's build worker, never here
     image = runtime.images.require_image(spec.template, variant.name)
