@@ -221,7 +221,7 @@ def simultaneous(directory: Path, count: int) -> list[float]:
             threads = [
                 threading.Thread(
                     target=lambda key=key: ready.__setitem__(
-                        key, wait_ssh_ready(config, key, at(start) + 30)
+                        key, wait_ssh_ready(config, key, at(start) + 30, not_before=at(start))
                     )
                 )
                 for key in keys
@@ -263,7 +263,9 @@ def hostile_neighbour(directory: Path) -> float | None:
                 filters={"label": ["gpuresa.reservation=hostile", "gpuresa.role=main"]}
             )[0]
             make_hostile(main)
-            ready = wait_ssh_ready(config, "second", at(second_start) + 30)
+            ready = wait_ssh_ready(
+                config, "second", at(second_start) + 30, user="bob", not_before=at(second_start)
+            )
             return None if ready is None else ready - at(second_start)
         finally:
             daemon.stop()

@@ -15,12 +15,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import paramiko
 from conftest import BASE_IMAGE, TEST_HOST
 
 from gpuresa.config import Config, load_config
 from gpuresa.demo import free_port_block
 from gpuresa.runtime import Runtime
-from gpuresa.runtime.probes import ssh_handshake
 
 # Programs a hostile user replaces in their session with ones that never return.
 REPLACED = ("wall", "pkill", "pgrep", "kill", "timeout", "sleep")
@@ -136,18 +136,50 @@ class DaemonProcess:
             self.process.wait(10)
 
 
-def wait_ssh_ready(config: Config, key: str, deadline: float) -> float | None:
-    """The monotonic time at which session `key`'s sshd first completed a key exchange."""
+def wait_ssh_ready(
+    config: Config, key: str, deadline: float, *, user: str = "alice", not_before: float = 0.0
+) -> float | None:
+    """The monotonic time at which session `key`'s user could first log in over SSH.
+
+    A login, not a key exchange: a session prepared ahead answers SSH before its
+    start but lets nobody in. Tries every 0.1 s from `not_before` on (each try
+    costs a key exchange: polling early would load the machine being measured).
+    """
     runtime = Runtime(config)
+    key_file = Path(config.source).parent / "key" if config.source else None
     port = None
     while time.monotonic() < deadline:
         if port is None:
             session = next((item for item in runtime.list_sessions() if item.key == key), None)
             port = session.ssh_port if session is not None else None
-        if port is not None and ssh_handshake("127.0.0.1", port, 0.5):
-            return time.monotonic()
-        time.sleep(0.05)
+        if port is not None and time.monotonic() >= not_before:
+            tried = time.monotonic()
+            if _logs_in(port, user, key_file):
+                return tried
+        time.sleep(0.1)
     return None
+
+
+def _logs_in(port: int, user: str, key_file: Path | None) -> bool:
+    client = paramiko.SSHClient()
+    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+    try:
+        client.connect(
+            "127.0.0.1",
+            port=port,
+            username=user,
+            key_filename=str(key_file) if key_file else None,
+            timeout=2,
+            banner_timeout=2,
+            auth_timeout=2,
+            allow_agent=False,
+            look_for_keys=False,
+        )
+        return True
+    except (paramiko.SSHException, OSError, EOFError):
+        return False
+    finally:
+        client.close()
 
 
 def at(instant: datetime) -> float:

@@ -57,7 +57,9 @@ def test_a_hostile_user_and_a_hanging_relay_delay_no_other_booking(
         main = next(c for c in docker_harness.ours() if c.labels["gpuresa.role"] == "main")
         # the user is root in their session: every program the daemon could run hangs
         make_hostile(main)
-        ready = wait_ssh_ready(config, "second", at(second_start) + 15)
+        ready = wait_ssh_ready(
+            config, "second", at(second_start) + 15, user="bob", not_before=at(second_start)
+        )
         assert ready is not None, "the second user's session never became SSH-ready"
         assert ready - at(second_start) <= 2.0
         # the hostile session is gone by its end + grace + a few seconds
@@ -95,7 +97,7 @@ def test_eight_sessions_booked_for_the_same_minute_are_all_ready_within_two_seco
         threads = [
             threading.Thread(
                 target=lambda key=key: readiness.__setitem__(
-                    key, wait_ssh_ready(config, key, at(start) + 30)
+                    key, wait_ssh_ready(config, key, at(start) + 30, not_before=at(start))
                 )
             )
             for key in keys

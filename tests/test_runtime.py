@@ -438,10 +438,14 @@ def test_a_new_runtime_adopts_sessions_and_start_is_idempotent(site: Site) -> No
     prepared = runtime.prepare(spec)
     assert prepared.state == "created"
     assert runtime.prepare(spec) == prepared
-    # a prepared session starts quickly: the daemon wants SSH within 2 s of the start time
+    # prepared ahead, its sshd answers but lets nobody in before the start
+    with pytest.raises(paramiko.SSHException), ssh_login(prepared, "alice", site.key("alice")):
+        pass
+    # starting it only opens the gate: the daemon wants SSH within 2 s of the start time
     started = time.monotonic()
     running = runtime.start(spec)
-    assert time.monotonic() - started < 2.0
+    assert time.monotonic() - started < 0.5
+    assert running.state == "running"
     # a restarted daemon sees the same session, password included
     adopted = Runtime(site.config, site.client).list_sessions()
     assert len(adopted) == 1

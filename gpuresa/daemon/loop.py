@@ -42,6 +42,12 @@ Result = TypeVar("Result")
 
 # The loop wakes at least this often (deadlines, the heartbeat).
 BEAT = 1.0
+# Docker is looked at this long before an exact-time wakeup, so the round at
+# that instant plans at once with what was seen (nothing changed since: every
+# change the daemon makes marks the view stale).
+LOOK_AHEAD = 1.0
+# A view of Docker at most this old, with nothing changed since, is planned with.
+FRESH_FOR = 5.0
 # How often the journal is trimmed and Docker's leftovers collected.
 MAINTENANCE_EVERY = timedelta(hours=1)
 
@@ -65,6 +71,10 @@ class Loop(Rounds):
         self._polled: list[Reservation] = []
         self.hold: vanish.Hold | None = None
         self.sessions: list[Session] = []
+        self.gpus: tuple[int, ...] = ()
+        # when Docker was last looked at, and whether nothing changed since
+        self._observed_at = float("-inf")
+        self._fresh = False
         self.timers: list[datetime] = []
         self._next_poll = 0.0
         self._polling = False
@@ -118,7 +128,8 @@ class Loop(Rounds):
         """Seconds until the next thing the loop must do by itself (at most `BEAT`)."""
         wait = min(BEAT, self._next_poll - time.monotonic())
         if self.timers:
-            wait = min(wait, (self.timers[0] - self.context.clock()).total_seconds())
+            until = (self.timers[0] - self.context.clock()).total_seconds()
+            wait = min(wait, until - LOOK_AHEAD if until > LOOK_AHEAD else until)
         return max(wait, 0.01)
 
     def _turn(self) -> None:
@@ -129,7 +140,17 @@ class Loop(Rounds):
         now = self.context.clock()
         if self.timers and self.timers[0] <= now:
             self.timers = [instant for instant in self.timers if instant > now]
-            self._dirty = True
+            if self._fresh and monotonic - self._observed_at < FRESH_FOR:
+                self._round(self.sessions, self.gpus)
+            elif not self._observing:
+                self._dirty = True
+        elif (
+            self.timers
+            and not self._observing
+            and (self.timers[0] - now).total_seconds() <= LOOK_AHEAD
+            and monotonic - self._observed_at > LOOK_AHEAD
+        ):
+            self._start_observe()
         for entry in self.executor.overdue():
             self._overdue(entry.key, entry.what, entry.payload)
         if not self._maintaining and monotonic >= self._next_maintenance:
@@ -262,7 +283,8 @@ class Loop(Rounds):
             return
         self.docker_backoff = timedelta(seconds=1)
         sessions, gpus = result
-        self.sessions = sessions
+        self.sessions, self.gpus = sessions, gpus
+        self._observed_at, self._fresh = time.monotonic(), True
         self._round(sessions, gpus)
 
     def _engine_down(self, error: Exception) -> None:

@@ -55,6 +55,13 @@ class Rounds:
     docker_backoff: timedelta
     _dirty: bool
 
+    _fresh: bool
+
+    def _changed(self) -> None:
+        """Something of Docker changed (an action ended): plan again with a fresh look."""
+        self._dirty = True
+        self._fresh = False
+
     def _engine_down(self, error: Exception) -> None:
         raise NotImplementedError
 
@@ -157,7 +164,7 @@ class Rounds:
         context = self.context
         now = context.clock()
         remembered = self.remembered
-        self._dirty = True
+        self._changed()
         if isinstance(outcome, Started):
             remembered.started(key)
             context.journal.record_action(key, action.describe(), now, "ok")
@@ -221,7 +228,7 @@ class Rounds:
         result = "ok" if isinstance(outcome, Done) else "failed"
         error = None if result == "ok" else str(outcome)
         self.context.journal.record_action(key, "kill (stop escalated)", now, result, error)
-        self._dirty = True
+        self._changed()
 
     def _overdue(self, key: str, what: str, payload: object) -> None:
         now = self.context.clock()
@@ -263,7 +270,7 @@ class Rounds:
                 reservation = next((item for item in self.reservations if item.key == key), None)
                 if attempts == 1 and reservation is not None:
                     self.context.notices.failure(key, reservation.user, reservation.email, reason)
-        self._dirty = True
+        self._changed()
 
     # --- finishing what a restart interrupted ------------------------------------------------
 

@@ -12,9 +12,9 @@ mapped once:
 - removing what is already gone (404) or already being removed (409) → success;
 - anything else the engine refuses → `EngineRefused` (a `SessionError`) with its reason.
 
-Runtime methods run on several threads at once: the client is made once
-(under a lock) with a connection pool larger than the daemon's workers, and
-the SDK's client is safe to share between threads.
+Runtime methods run on several threads at once: each thread gets a client
+of its own (the SDK's HTTP session is not safe to share), made with the API
+version the first one learnt, so only the first asks the engine for it.
 """
 
 from __future__ import annotations
@@ -73,7 +73,12 @@ class Engine:
         base_url: str | None = None,
         build_timeout: float = BUILD_TIMEOUT,
     ) -> None:
+        # a client given by the caller is shared; made ones are one per thread:
+        # docker-py's HTTP session is not safe to share between threads (seen
+        # here: "Bad file descriptor" when eight sessions were prepared at once)
         self._client = client
+        self._local = threading.local()
+        self._version: str | None = None
         self.timeout = timeout
         self.build_timeout = build_timeout
         self.base_url = base_url
@@ -88,18 +93,28 @@ class Engine:
         Raises `RuntimeUnavailable` when the engine cannot be reached, and
         `EngineTimeout` when it takes the connection but does not answer.
         """
-        with self._connecting:
-            if self._client is None:
-                self._client = self._connect()
+        if self._client is not None:
             return self._client
+        client = getattr(self._local, "client", None)
+        if client is None:
+            with self._connecting:
+                client = self._connect()
+                # the API version, asked once: later threads' clients need not ask again
+                self._version = self._version or str(client.api.api_version)
+            self._local.client = client
+        return client
 
     def _connect(self) -> Any:
         try:
+            version = self._version or "auto"
             if self.base_url is not None:
                 return docker.DockerClient(
-                    base_url=self.base_url, timeout=self.timeout, max_pool_size=POOL_SIZE
+                    base_url=self.base_url,
+                    timeout=self.timeout,
+                    max_pool_size=POOL_SIZE,
+                    version=version,
                 )
-            return docker.from_env(timeout=self.timeout, max_pool_size=POOL_SIZE)
+            return docker.from_env(timeout=self.timeout, max_pool_size=POOL_SIZE, version=version)
         except docker.errors.DockerException as error:
             if timed_out(error):
                 raise EngineTimeout(

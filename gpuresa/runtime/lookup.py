@@ -52,20 +52,23 @@ def by_key(containers: Iterable[dict[str, Any]]) -> dict[str, Found]:
     return {key: by_role(members) for key, members in grouped.items()}
 
 
-def session_from(key: str, found: Found, end: datetime | None) -> Session | None:
+def session_from(
+    key: str, found: Found, end: datetime | None, *, gated: bool = False
+) -> Session | None:
     """The session that containers `found` make up; None when there are none.
 
-    state: "running" (both containers run), "created" (prepared: the main
-    container not yet started) or "stopped" (anything else: exited, half
-    there). `end`, when given, overrides the labels' (a moved end). Containers
-    whose labels gpuresa did not write are logged and give None.
+    state: "running" (both containers run and logins are let in), "created"
+    (prepared: the main container not started yet, or running behind the
+    login gate, `gated`) or "stopped" (anything else: exited, half there).
+    `end`, when given, overrides the labels' (a moved end). Containers whose
+    labels gpuresa did not write are logged and give None.
     """
     reference = found.main or found.ftp
     if reference is None:
         return None
     main, sidecar = status(found.main), status(found.ftp)
     if main == sidecar == "running":
-        state = "running"
+        state = "created" if gated else "running"
     elif main == "created" and sidecar in ("created", "running"):
         # prepared: the sidecar may already run, the user's container not yet
         state = "created"

@@ -17,6 +17,7 @@ called from several threads at once for different sessions.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 from collections.abc import Sequence
@@ -49,7 +50,7 @@ from gpuresa.runtime.payload import (
 from gpuresa.runtime.records import EndRecords
 from gpuresa.runtime.session_files import SessionFacts, SessionFiles, end_text
 from gpuresa.runtime.specs import check_spec, new_spec
-from gpuresa.runtime.starting import prepare_session, start_session
+from gpuresa.runtime.starting import start_session
 
 if TYPE_CHECKING:
     from docker import DockerClient
@@ -156,7 +157,7 @@ class Runtime:
 
     def session_of(self, key: str, found: Found) -> Session | None:
         """The session that containers `found` make up, with its recorded end (see `lookup`)."""
-        return session_from(key, found, self.ends.recorded(key))
+        return session_from(key, found, self.ends.recorded(key), gated=self.files.gated(key))
 
     # --- checks before anything is made ----------------------------------------------------
 
@@ -166,13 +167,13 @@ class Runtime:
 
     # --- the life of a session -------------------------------------------------------------
 
-    def prepare(self, spec: SessionSpec) -> Session:
-        """Make everything a session needs short of starting it; returns it ("created").
+    def prepare(self, spec: SessionSpec, ready_timeout: float = 30) -> Session:
+        """Make everything a session needs short of letting its user in; returns it ("created").
 
         The output folder and the session's files are made, the network and
-        both containers created, and the FTP sidecar started (it publishes most
-        of the ports, so its start is the slow one; the main container, and so
-        the user's SSH access, starts only with `start`). Never builds or
+        both containers created and started behind the login gate (see
+        `session_files`), and sshd and FTP checked to answer: `start` then
+        only opens the gate. Never builds or
         pulls: a missing image raises `ImageMissing` before anything is made.
         Idempotent: a session that is already created or running is returned
         as it is; one that stopped or is half there is removed and made again
@@ -182,8 +183,20 @@ class Runtime:
         that fails midway is undone (`PortRefused` names the ports Docker
         could not publish).
         """
-        session, _ = prepare_session(self, spec, start_sidecar=True)
-        return session
+        key = spec.key
+        found = self.find(key)
+        running = found.complete and status(found.main) == status(found.ftp) == "running"
+        if running and not self.files.gated(key):
+            session = self.session_of(key, found)
+            if session is not None:
+                return session  # already let in: started meanwhile
+        self.files.close_gate(key, self._gate_text(spec))
+        session = start_session(self, spec, ready_timeout)
+        return dataclasses.replace(session, state="created")
+
+    def _gate_text(self, spec: SessionSpec) -> str:
+        timezone = self.config.reservations.timezone
+        return f"gpuresa: this session opens at {end_text(spec.start, timezone)}; try again then."
 
     def start(self, spec: SessionSpec, ready_timeout: float = 30) -> Session:
         """Start the session of `spec` and return it once SSH and FTP answer.
@@ -198,6 +211,17 @@ class Runtime:
         the end of the containers' logs (`PortRefused` with the ports Docker
         could not publish).
         """
+        key = spec.key
+        found = self.find(key)
+        ready = found.complete and status(found.main) == status(found.ftp) == "running"
+        if ready and self.files.gated(key):
+            # prepared ahead: its servers answer already, only the gate was closed
+            self.files.open_gate(key)
+            session = self.session_of(key, found)
+            if session is not None:
+                log.info("%s: let in (prepared ahead; ssh port %d)", key, session.ssh_port)
+                return session
+        self.files.open_gate(key)
         return start_session(self, spec, ready_timeout)
 
     def facts(self, session: Session | SessionSpec) -> SessionFacts:

@@ -1,5 +1,11 @@
 """What a session shows its user, written on the host: banner, motd, end time, last message.
 
+Also the login gate: while the file `nologin` is there, sshd refuses every
+login (PAM's pam_nologin reads it, see templates/access/install.sh). A session
+is prepared ahead with its containers running behind the gate, so starting it
+at its start time is only the removal of that file: no Docker call, and as
+fast for eight sessions at once as for one.
+
 Each session has a folder `<state_dir>/sessions/<safe key>/`, bind-mounted
 read-only at `/etc/gpuresa/session` in its main container: sshd's `Banner`
 and `/etc/motd` point there. gpuresa rewrites these files when the end moves
@@ -34,6 +40,8 @@ from gpuresa.runtime.payload import safe_key, utc_text
 log = logging.getLogger(__name__)
 
 FOLDER_MODE = 0o755
+# the login gate's file name (see the module)
+GATE = "nologin"
 FILE_MODE = 0o644
 
 
@@ -109,6 +117,20 @@ class SessionFiles:
         """Keep `text` as the session's last message (`message`, with when it was sent)."""
         with self._folder(key) as folder:
             _write(folder, "message", printable(f"[{utc_text(now)}] {text.rstrip()}\n"))
+
+    def close_gate(self, key: str, text: str) -> None:
+        """Refuse logins to session `key`, showing `text` to who tries."""
+        with self._folder(key) as folder:
+            _write(folder, GATE, printable(text.rstrip() + "\n"))
+
+    def open_gate(self, key: str) -> None:
+        """Let the user of session `key` log in (nothing happens when it is open)."""
+        with self._folder(key) as folder, contextlib.suppress(FileNotFoundError):
+            os.unlink(GATE, dir_fd=folder)
+
+    def gated(self, key: str) -> bool:
+        """Whether logins to session `key` are refused for now."""
+        return (self.path(key) / GATE).is_file()
 
     def remove(self, key: str) -> None:
         """Delete the folder of session `key` (never following links); logs, never raises."""
