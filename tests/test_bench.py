@@ -86,7 +86,9 @@ def test_a_result_word_inside_a_line_is_not_a_result_line() -> None:
 @pytest.mark.parametrize(
     ("fixture", "images"),
     [
-        ("h100-pytorch-1gpu-fp32.out", 2282.48),
+        ("h100-pytorch-1gpu-fp32-1.out", 2248.14),
+        ("h100-pytorch-1gpu-fp32-2.out", 2262.93),
+        ("h100-pytorch-1gpu-fp32-3.out", 2210.49),
         ("h100-pytorch-1gpu-amp.out", 2999.52),
         ("h100-pytorch-1gpu-ddp.out", 2164.65),
     ],
@@ -253,8 +255,33 @@ class Replay:
 
 
 def recorded(value: float, unit: str = "images/s", seconds: float = 30.0) -> RunOutput:
-    text = (FIXTURES / "h100-pytorch-1gpu-fp32.out").read_text()
-    return RunOutput(0, text.replace("2282.48 images/s", f"{value} {unit}"), "", seconds)
+    text = (FIXTURES / "h100-pytorch-1gpu-fp32-1.out").read_text()
+    return RunOutput(0, text.replace("2248.14 images/s", f"{value} {unit}"), "", seconds)
+
+
+def test_recorded_h100_runs_make_a_comparison() -> None:
+    """Three recorded H100 runs replayed on both sides: equal medians, ratio 1, within spread."""
+    outputs = [(FIXTURES / f"h100-pytorch-1gpu-fp32-{run}.out").read_text() for run in (1, 2, 3)]
+    host = Replay(HOST, [RunOutput(0, text, "", 40.0) for text in outputs])
+    container = Replay(CONTAINER, [RunOutput(0, text, "", 41.0) for text in outputs])
+    samples, info = run_bench(builtin("pytorch"), (0,), [1], 3, [host, container])
+    [comparison] = compare(samples, info)
+    assert comparison.host == (2248.14, 2262.93, 2210.49)
+    assert comparison.host_median == 2248.14 and comparison.ratio == 1.0
+    assert comparison.within_spread
+    assert comparison.unit == "images/s"
+    assert "host: model: resnet50 (torchvision, 25557032 parameters)" in info
+    assert comparison.verdict().startswith(
+        "1 GPU (0): host 2248.1, container 2248.1 images/s, ratio 1.000 (+0.0 %"
+    )
+
+
+def test_a_side_that_sees_fewer_gpus_is_refused_with_its_reason() -> None:
+    framework = (FIXTURES / "h100-pytorch-check.out").read_text()
+    error = (FIXTURES / "h100-pytorch-2gpus-on-1.err").read_text()
+    host = Replay(HOST, [RunOutput(4, framework, error, 5.0)])
+    with pytest.raises(BenchFailed, match=r"host sees fewer GPUs.*2 GPU\(s\) asked, 1 visible"):
+        run_bench(builtin("pytorch"), (0, 1), [2], 1, [host])
 
 
 def test_runs_alternate_host_and_container_for_each_gpu_count() -> None:
