@@ -29,6 +29,8 @@ from gpuresa.bench.workloads import (
     parse_measurement,
     shell_command,
 )
+from gpuresa.cli import build_parser
+from gpuresa.commands.bench_commands import choose_gpus, choose_workload
 from gpuresa.config import Config, parse_config
 from gpuresa.errors import UserError
 from gpuresa.model import Reservation, Session
@@ -427,3 +429,41 @@ def test_a_booking_after_the_window_holds_nothing() -> None:
 def test_another_hosts_booking_holds_nothing() -> None:
     elsewhere = dataclasses.replace(booking("x", 1, timedelta(minutes=5)), host="gpu2")
     assert holders([], [elsewhere]) == {}
+
+
+# --- the options ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "gpu_mode", "message"),
+    [
+        ("0,7", "nvidia", "has no GPU 7"),
+        ("1,1", "nvidia", "repeats"),
+        ("0", "none", "gpu_mode 'none'"),
+        ("zero", "nvidia", "expected GPU indices"),
+    ],
+)
+def test_bad_gpu_choices_are_refused(text: str, gpu_mode: str, message: str) -> None:
+    config = make_config(gpu_mode=gpu_mode)
+    available = (0, 1, 2, 3) if gpu_mode != "none" else ()
+    with pytest.raises(UserError, match=message):
+        choose_gpus(text, available, config)
+
+
+def test_gpus_default_to_every_gpu_of_the_host() -> None:
+    assert choose_gpus(None, (0, 1, 2, 3), make_config()) == (0, 1, 2, 3)
+    assert choose_gpus("2,3", (0, 1, 2, 3), make_config()) == (2, 3)
+
+
+def test_workload_follows_the_template_with_gpus_and_is_cpu_without() -> None:
+    arguments = build_parser().parse_args(["bench"])
+    assert choose_workload(arguments, "tensorflow", (0, 1)).name == "tensorflow"
+    assert choose_workload(arguments, "tensorflow", ()).name == "cpu"
+    arguments = build_parser().parse_args(["bench", "--workload-args", "--rounds 5"])
+    assert choose_workload(arguments, "pytorch", ()).arguments == ("--rounds", "5")
+
+
+def test_a_command_cannot_be_mixed_with_a_shipped_workload() -> None:
+    arguments = build_parser().parse_args(["bench", "--command", "true", "--workload", "cpu"])
+    with pytest.raises(UserError, match="--command replaces"):
+        choose_workload(arguments, "pytorch", ())
