@@ -189,7 +189,9 @@ def run_bench(
         for index in range(runs):
             for side in sides:
                 command = side.command(workload, count)
-                log.debug("bench: %s run %d with GPUs %s: %s", side.name, index + 1, chosen, command)
+                log.debug(
+                    "bench: %s run %d with GPUs %s: %s", side.name, index + 1, chosen, command
+                )
                 output = side.run(command, chosen)
                 _refuse_failure(side.name, workload, command, output)
                 measurement = parse_measurement(output.stdout, workload.unit)
