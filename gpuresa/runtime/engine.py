@@ -406,6 +406,21 @@ class Engine:
             created = self.api.exec_create(container, list(command), stdout=False, stderr=False)
             self.api.exec_start(created["Id"], detach=True)
 
+    def output(self, container: str, key: str | None = None) -> tuple[str, str]:
+        """Everything a container wrote so far: its standard output and its standard error."""
+        streams = []
+        for stdout in (True, False):
+            data = self._call(
+                f"read the output of {container}",
+                key,
+                self.api.logs,
+                container,
+                stdout=stdout,
+                stderr=not stdout,
+            )
+            streams.append(data.decode(errors="replace") if isinstance(data, bytes) else str(data))
+        return streams[0], streams[1]
+
     def logs(self, container: str, lines: int = 30) -> str:
         """The last `lines` lines a container wrote; empty when it cannot be read."""
         try:

@@ -263,6 +263,11 @@ def _limits(limits: LimitsConfig) -> dict[str, Any]:
     return settings
 
 
+def resource_limits(limits: LimitsConfig) -> dict[str, Any]:
+    """The HostConfig settings of `[limits]` (shared memory, processes, CPUs, memory)."""
+    return _limits(limits)
+
+
 def _environment(values: Mapping[str, str]) -> list[str]:
     return [f"{name}={value}" for name, value in sorted(values.items())]
 
