@@ -224,6 +224,7 @@ admin = "admins@example.org"
     config = load_config(config_file)
     # build the template image now, so no test waits for a build at its start time
     Runtime(config).ensure_image("pytorch", None)
+    Runtime(config).ensure_ftp_image()  # starts never build images
     stack = Stack(
         config_file=config_file,
         config=config,

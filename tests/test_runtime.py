@@ -45,7 +45,7 @@ from gpuresa.config import Config, parse_config
 from gpuresa.model import Session, SessionSpec
 from gpuresa.runtime import Runtime, RuntimeUnavailable, SessionError
 from gpuresa.runtime.engine import Engine, EngineRefused
-from gpuresa.runtime.engines import require_user_namespaces
+from gpuresa.runtime.namespaces import require_user_namespaces
 from gpuresa.runtime.output import remap_base
 from gpuresa.runtime.payload import session_name
 
@@ -339,8 +339,10 @@ def test_the_containers_are_confined(site: Site) -> None:
     assert settings["ShmSize"] == 256 * 1024**2
     assert settings["PidsLimit"] == 512
     mounts = {mount["Destination"]: mount for mount in main_container.attrs["Mounts"]}
-    assert set(mounts) == {"/data", "/output"}
+    assert set(mounts) == {"/data", "/output", "/etc/gpuresa/session"}
     assert mounts["/data"]["RW"] is False and mounts["/output"]["RW"] is True
+    # the session's files are written on the host; the session may only read them
+    assert mounts["/etc/gpuresa/session"]["RW"] is False
     with ssh_login(session, "alice", site.key("alice")) as client:
         # root through sudo keeps only the capabilities sshd and sudo need
         code, output = run(client, "sudo -n grep CapEff /proc/self/status")
@@ -493,10 +495,14 @@ def test_a_new_runtime_adopts_sessions_and_start_is_idempotent(site: Site) -> No
     prepared = runtime.prepare(spec)
     assert prepared.state == "created"
     assert runtime.prepare(spec) == prepared
-    # a prepared session starts quickly: the daemon wants SSH within 2 s of the start time
+    # prepared ahead, its sshd answers but lets nobody in before the start
+    with pytest.raises(paramiko.SSHException), ssh_login(prepared, "alice", site.key("alice")):
+        pass
+    # starting it only opens the gate: the daemon wants SSH within 2 s of the start time
     started = time.monotonic()
     running = runtime.start(spec)
-    assert time.monotonic() - started < 2.0
+    assert time.monotonic() - started < 0.5
+    assert running.state == "running"
     # a restarted daemon sees the same session, password included
     adopted = Runtime(site.config, site.client).list_sessions()
     assert len(adopted) == 1

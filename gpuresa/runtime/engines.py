@@ -39,6 +39,7 @@ from gpuresa.config import LimitsConfig
 from gpuresa.model import IdRange
 from gpuresa.runtime.engine import Engine
 from gpuresa.runtime.errors import SessionError
+from gpuresa.runtime.namespaces import require_user_namespaces
 from gpuresa.runtime.output import remap_base
 
 log = logging.getLogger(__name__)
@@ -49,30 +50,6 @@ PODMAN_SOCKET = "unix:///run/podman/podman.sock"
 SUBORDINATE_ID_FILES = (Path("/etc/subuid"), Path("/etc/subgid"))
 # the user whose subordinate ids Podman's `--userns=auto` hands out
 PODMAN_AUTO_USER = "containers"
-
-# SecurityOptions names under which root in a container is not root on the host
-USER_NAMESPACE_OPTIONS = frozenset({"userns", "rootless"})
-
-
-def require_user_namespaces(info: Mapping[str, Any]) -> None:
-    """Check that the Docker engine whose `docker info` is `info` uses user namespaces.
-
-    Given the engine's info; returns when its SecurityOptions name `userns`
-    (userns-remap) or `rootless`. Raises `SessionError` otherwise: a session's
-    user has sudo in its container, which without user namespaces is root on
-    the host.
-    """
-    names = set()
-    for option in info.get("SecurityOptions") or []:
-        # "name=userns" since API 1.26, a bare "userns" before
-        fields = dict(part.partition("=")[::2] for part in str(option).split(","))
-        names.add(fields.get("name", str(option)))
-    if not names & USER_NAMESPACE_OPTIONS:
-        raise SessionError(
-            "the Docker engine runs without user namespaces; set userns-remap (for example "
-            '"userns-remap": "default" in /etc/docker/daemon.json) and restart Docker, or run '
-            "Docker rootless: without them a session's root is root on the host"
-        )
 
 
 def is_podman(version: Mapping[str, Any]) -> bool:
