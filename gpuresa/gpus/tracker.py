@@ -294,6 +294,10 @@ class UsageTracker:
                 if holder is not None and container_key == holder.key:
                     continue  # the booking's own work
                 owner = self.inspector.owner(process.pid)
+                if owner.uid is None:
+                    # exited since the sample (or not in our pid namespace): nothing to tell
+                    log.debug("GPU %s: process %s is gone", gpu.index, process.pid)
+                    continue
                 found.append(
                     UnbookedProcess(
                         pid=process.pid,
