@@ -1,9 +1,18 @@
-"""Record what NVML answers, call by call, into JSON (replayed by the tests)."""
-import json, sys, time
+"""Record what NVML answers, call by call, into JSON (replayed by tests/nvml_replay.py).
+
+Run on a GPU host by record.sh; records more calls than the gateway makes, so
+the gateway can change without a new recording.
+"""
+
+import json
+import sys
+import time
+
 import pynvml
 
 calls = []
 handles = {}
+
 
 def convert(value):
     if isinstance(value, bytes):
@@ -21,6 +30,7 @@ def convert(value):
         return {name: convert(item) for name, item in vars(value).items()}
     return repr(value)
 
+
 def call(function, *args):
     shown = [handles.get(id(a), a) if not isinstance(a, (int, str)) else a for a in args]
     record = {"function": function, "args": shown}
@@ -34,6 +44,7 @@ def call(function, *args):
     record["result"] = convert(result)
     calls.append(record)
     return result
+
 
 start = time.monotonic()
 call("nvmlInit")
@@ -49,11 +60,19 @@ for index in range(count):
     by_uuid = call("nvmlDeviceGetHandleByUUID", uuid)
     if by_uuid is not None:
         calls[-1]["result"] = f"handle:{index}"
-    for function in ["nvmlDeviceGetName", "nvmlDeviceGetIndex", "nvmlDeviceGetMinorNumber",
-                     "nvmlDeviceGetPciInfo", "nvmlDeviceGetUtilizationRates",
-                     "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetComputeRunningProcesses",
-                     "nvmlDeviceGetGraphicsRunningProcesses", "nvmlDeviceGetPowerUsage",
-                     "nvmlDeviceGetSerial", "nvmlDeviceGetMigMode"]:
+    for function in [
+        "nvmlDeviceGetName",
+        "nvmlDeviceGetIndex",
+        "nvmlDeviceGetMinorNumber",
+        "nvmlDeviceGetPciInfo",
+        "nvmlDeviceGetUtilizationRates",
+        "nvmlDeviceGetMemoryInfo",
+        "nvmlDeviceGetComputeRunningProcesses",
+        "nvmlDeviceGetGraphicsRunningProcesses",
+        "nvmlDeviceGetPowerUsage",
+        "nvmlDeviceGetSerial",
+        "nvmlDeviceGetMigMode",
+    ]:
         call(function, handle)
     call("nvmlDeviceGetTemperature", handle, 0)
     call("nvmlDeviceGetProcessUtilization", handle, 0)
@@ -65,11 +84,21 @@ t0 = time.monotonic()
 for _ in range(20):
     for index in range(pynvml.nvmlDeviceGetCount()):
         h = pynvml.nvmlDeviceGetHandleByIndex(index)
-        pynvml.nvmlDeviceGetUUID(h); pynvml.nvmlDeviceGetName(h)
-        pynvml.nvmlDeviceGetUtilizationRates(h); pynvml.nvmlDeviceGetMemoryInfo(h)
+        pynvml.nvmlDeviceGetUUID(h)
+        pynvml.nvmlDeviceGetName(h)
+        pynvml.nvmlDeviceGetUtilizationRates(h)
+        pynvml.nvmlDeviceGetMemoryInfo(h)
         pynvml.nvmlDeviceGetComputeRunningProcesses(h)
 sample_seconds = (time.monotonic() - t0) / 20
 pynvml.nvmlShutdown()
-json.dump({"recorded": sys.argv[1], "pynvml_version": getattr(pynvml, "__version__", "?"),
-           "seconds_first_pass": elapsed, "seconds_per_sample": sample_seconds, "calls": calls},
-          sys.stdout, indent=1)
+json.dump(
+    {
+        "recorded": sys.argv[1],
+        "pynvml_version": getattr(pynvml, "__version__", "?"),
+        "seconds_first_pass": elapsed,
+        "seconds_per_sample": sample_seconds,
+        "calls": calls,
+    },
+    sys.stdout,
+    indent=1,
+)

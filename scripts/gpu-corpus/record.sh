@@ -1,7 +1,9 @@
 #!/bin/bash
-# run on the GPU machine from the repository root; writes into $OUT
+# Records tests/corpus/gpus on a GPU host with PyTorch and nvidia-ml-py:
+#   OUT=folder bash scripts/gpu-corpus/record.sh
+# nvidia-smi XML and NVML answers while idle, during a matmul loop, and after it.
 set -x
-D=.dev/gpus
+D=$(dirname "$0")
 python3 -c 'import pynvml, torch; print(pynvml.__file__, torch.__version__)' > $OUT/versions.txt 2>&1
 nvidia-smi >> $OUT/versions.txt 2>&1
 pip show nvidia-ml-py >> $OUT/versions.txt 2>&1
