@@ -289,3 +289,30 @@ def test_a_gpu_gone_from_the_host_is_reported_after_two_readable_misses(
     assert (finding.gpu_uuid, finding.gpu_index, finding.keys) == (UUID, 0, ("k1",))
     assert tracker.observe(gone[2], [session("k1")], snapshot(gone[2])) == []
     assert tracker.view.lost == frozenset({"k1"})
+
+
+def test_history_shows_the_average_gpu_use_of_ended_sessions(tmp_path: Path) -> None:
+    """`gpuresa history` reads the sampler's store next to the journal."""
+    import sys
+
+    from gpuresa.config import load_config
+    from gpuresa.daemon import journal_path
+    from gpuresa.journal import Journal
+
+    config_file = tmp_path / "config.toml"
+    config_file.write_text(f'[daemon]\nstate_dir = "{tmp_path / "state"}"\n')
+    config = load_config(config_file)
+    journal_path(config).parent.mkdir(parents=True, exist_ok=True)
+    Journal(journal_path(config)).close()
+    usage = UsageStore(tmp_path / "state" / "gpu-usage.sqlite")
+    tracker = UsageTracker(usage)
+    for minute, gpu in enumerate((reading(BUSY), reading(IDLE), reading(IDLE), reading(IDLE))):
+        now = T0 + timedelta(minutes=minute)
+        tracker.observe(now, [session("done-1")], snapshot(now, gpu))
+    tracker.observe(T0 + timedelta(minutes=5), [], snapshot(T0, reading(IDLE)))
+    usage.close()
+    command = [sys.executable, "-m", "gpuresa.cli", "--config", str(config_file), "history"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    line = next(line for line in result.stdout.splitlines() if "done-1" in line)
+    assert "alice" in line and f"average {BUSY_PERCENT / 4:.0f}%" in line and "4 sample(s)" in line

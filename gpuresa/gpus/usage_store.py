@@ -191,3 +191,14 @@ class UsageStore:
                 (kind, subject, _text(now)),
             )
             return cursor.rowcount == 1
+
+
+def open_usage(state_dir: Path) -> UsageStore | None:
+    """The state dir's usage store opened read-only for the CLI; None when there is none yet."""
+    path = state_dir / USAGE_FILE
+    if not path.exists():
+        return None
+    try:
+        return UsageStore(path, read_only=True)
+    except sqlite3.Error:
+        return None
