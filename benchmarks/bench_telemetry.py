@@ -67,7 +67,7 @@ def child(mode: str) -> dict[str, float]:
         start=now, end=now + timedelta(hours=1), ssh_port=20000, ftp_port=21000,
         ftp_passive_first=22000, ftp_passive_last=22009, state="running",
         output_dir=Path("/tmp"),
-    )  # fmt: skip
+    )
     folder = Path(tempfile.mkdtemp())
     telemetry = Telemetry("nvml", nvml=RecordedNvml("busy"))
     tracker = UsageTracker(UsageStore(folder / "gpu-usage.sqlite"))
@@ -87,7 +87,7 @@ def child(mode: str) -> dict[str, float]:
                 snapshot=snapshot,
                 uses=tracker.store.uses(),
                 view=tracker.view,
-            )  # fmt: skip
+            )
         )
     per_sample = (cpu() - start) / SAMPLES
     start = cpu()
@@ -129,7 +129,7 @@ def main() -> None:
         + on["per_sample"] + nvml_seconds
         + 4 * on["per_scrape"]
         + on["per_page"]
-    )  # fmt: skip
+    )
     print("telemetry cost (1 sample/min, /metrics every 15 s, page once a minute)\n")
     print(f"{'':<34}{'off':>12}{'on':>12}")
     print(
