@@ -63,9 +63,19 @@ def child(mode: str) -> dict[str, float]:
 
     now = datetime.now(UTC)
     session = Session(
-        key="bench-1", user="alice", host="h", template="pytorch", cuda=None, gpus=(0,),
-        start=now, end=now + timedelta(hours=1), ssh_port=20000, ftp_port=21000,
-        ftp_passive_first=22000, ftp_passive_last=22009, state="running",
+        key="bench-1",
+        user="alice",
+        host="h",
+        template="pytorch",
+        cuda=None,
+        gpus=(0,),
+        start=now,
+        end=now + timedelta(hours=1),
+        ssh_port=20000,
+        ftp_port=21000,
+        ftp_passive_first=22000,
+        ftp_passive_last=22009,
+        state="running",
         output_dir=Path("/tmp"),
     )
     folder = Path(tempfile.mkdtemp())
@@ -126,7 +136,8 @@ def main() -> None:
     on = figures["on"]
     per_minute = (
         on["idle_cpu_per_minute"]
-        + on["per_sample"] + nvml_seconds
+        + on["per_sample"]
+        + nvml_seconds
         + 4 * on["per_scrape"]
         + on["per_page"]
     )
