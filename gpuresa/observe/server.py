@@ -42,6 +42,7 @@ class ObservationServer:
         zone: tzinfo = UTC,
         days: int = 3,
     ) -> None:
+        self.listen = address
         self.address = parse_address(address)
         self.provider = provider
         self.zone = zone
