@@ -39,7 +39,9 @@ from daemon_stage import (
     DaemonProcess,
     HangingRelay,
     at,
+    book_at_once,
     make_hostile,
+    start_latencies,
     wait_ssh_ready,
 )
 from daemon_stage import write_config as write_stage_config
@@ -107,14 +109,6 @@ shm_size = "64m"
     return load_config(file)
 
 
-def start_daemon(config: Config, log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "gpuresa.cli", "--config", config.source, "run"],
-        stdout=log.open("ab"),
-        stderr=subprocess.STDOUT,
-    )
-
-
 def first_login(port: int, key_file: Path, deadline: float) -> float | None:
     """time.time() of the first successful SSH login on `port`, or None by `deadline`."""
     while time.time() < deadline:
@@ -162,7 +156,7 @@ def latency(directory: Path, count: int) -> tuple[list[float], list[float]]:
                 description="template: pytorch\ngpus: 1",
             )
             bookings.append((f"bench-{index}", start, end))
-        daemon = start_daemon(config, directory / "daemon.log")
+        daemon = DaemonProcess(Path(config.source), directory / "daemon.log")
         starts: list[float] = []
         ends: list[float] = []
         lock = threading.Lock()
@@ -197,7 +191,6 @@ def latency(directory: Path, count: int) -> tuple[list[float], list[float]]:
         for thread in threads:
             thread.join()
         daemon.terminate()
-        daemon.wait(30)
         return starts, ends
     finally:
         radicale.stop()
@@ -211,29 +204,14 @@ def simultaneous(directory: Path, count: int) -> list[float]:
         config = load_config(config_file)
         start = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=25)
         keys = [f"nine-{index}" for index in range(count)]
-        for key in keys:
-            (directory / "calendar" / f"{key}.ics").write_text(
-                ics_event(key, start, start + timedelta(minutes=30), "alice", "")
-            )
+        book_at_once(directory, keys, start)
         daemon = DaemonProcess(config_file, directory / "daemon.log")
-        ready: dict[str, float | None] = {}
         try:
-            threads = [
-                threading.Thread(
-                    target=lambda key=key: ready.__setitem__(
-                        key, wait_ssh_ready(config, key, at(start) + 30, not_before=at(start))
-                    )
-                )
-                for key in keys
-            ]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
+            latencies = start_latencies(config, keys, start)
         finally:
             daemon.stop()
             _remove_sessions(config)
-        return [moment - at(start) for moment in ready.values() if moment is not None]
+        return [latency for latency in latencies.values() if latency is not None]
     finally:
         relay.close()
 
@@ -307,14 +285,13 @@ def idle(directory: Path, poll: str, seconds: int) -> tuple[float, float]:
                 description="template: pytorch\ngpus: 1",
             )
         config = write_config(directory, str(calendar.url), radicale, poll)
-        daemon = start_daemon(config, directory / "daemon.log")
+        daemon = DaemonProcess(Path(config.source), directory / "daemon.log")
         time.sleep(10)  # start-up and the first poll are not idle time
-        before = cpu_seconds(daemon.pid)
+        before = cpu_seconds(daemon.process.pid)
         time.sleep(seconds)
-        used = cpu_seconds(daemon.pid) - before
-        memory = rss_mib(daemon.pid)
+        used = cpu_seconds(daemon.process.pid) - before
+        memory = rss_mib(daemon.process.pid)
         daemon.terminate()
-        daemon.wait(30)
         return used, memory
     finally:
         radicale.stop()

@@ -11,12 +11,13 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import paramiko
 from conftest import BASE_IMAGE, TEST_HOST
+from test_daemon_cli import ics_event
 
 from gpuresa.config import Config, load_config
 from gpuresa.demo import free_port_block
@@ -130,6 +131,11 @@ class DaemonProcess:
             stderr=subprocess.STDOUT,
         )
 
+    def terminate(self) -> None:
+        """SIGTERM, as systemd stops it; waits for the exit."""
+        self.process.terminate()
+        self.process.wait(30)
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.kill()
@@ -158,6 +164,29 @@ def wait_ssh_ready(
                 return tried
         time.sleep(0.1)
     return None
+
+
+def book_at_once(directory: Path, keys: list[str], start: datetime) -> None:
+    """One booking per key in the stage's calendar folder, all for `start`, 30 minutes long."""
+    for key in keys:
+        (directory / "calendar" / f"{key}.ics").write_text(
+            ics_event(key, start, start + timedelta(minutes=30), "alice", "")
+        )
+
+
+def start_latencies(config: Config, keys: list[str], start: datetime) -> dict[str, float | None]:
+    """Seconds from `start` until each session's user could log in (None: not within 30 s)."""
+    ready: dict[str, float | None] = {}
+
+    def measure(key: str) -> None:
+        ready[key] = wait_ssh_ready(config, key, at(start) + 30, not_before=at(start))
+
+    threads = [threading.Thread(target=measure, args=(key,)) for key in keys]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return {key: None if moment is None else moment - at(start) for key, moment in ready.items()}
 
 
 def _logs_in(port: int, user: str, key_file: Path | None) -> bool:

@@ -7,7 +7,6 @@ daemon runs as its own process (`gpuresa run`), as under systemd.
 from __future__ import annotations
 
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -15,7 +14,16 @@ from pathlib import Path
 
 import pytest
 from conftest import DockerHarness
-from daemon_stage import DaemonProcess, HangingRelay, at, make_hostile, wait_ssh_ready, write_config
+from daemon_stage import (
+    DaemonProcess,
+    HangingRelay,
+    at,
+    book_at_once,
+    make_hostile,
+    start_latencies,
+    wait_ssh_ready,
+    write_config,
+)
 from test_daemon_cli import ics_event
 
 from gpuresa.config import load_config
@@ -87,28 +95,10 @@ def test_eight_sessions_booked_for_the_same_minute_are_all_ready_within_two_seco
     config = load_config(config_file)
     start = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=25)
     keys = [f"nine-{index}" for index in range(8)]
-    for key in keys:
-        (tmp_path / "calendar" / f"{key}.ics").write_text(
-            ics_event(key, start, start + timedelta(minutes=30), "alice", "")
-        )
+    book_at_once(tmp_path, keys, start)
     daemon = DaemonProcess(config_file, daemon_log)
     try:
-        readiness: dict[str, float | None] = {}
-        threads = [
-            threading.Thread(
-                target=lambda key=key: readiness.__setitem__(
-                    key, wait_ssh_ready(config, key, at(start) + 30, not_before=at(start))
-                )
-            )
-            for key in keys
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        latencies = {
-            key: None if ready is None else ready - at(start) for key, ready in readiness.items()
-        }
+        latencies = start_latencies(config, keys, start)
         assert all(latency is not None for latency in latencies.values()), latencies
         assert max(latency for latency in latencies.values() if latency is not None) <= 2.0, (
             latencies

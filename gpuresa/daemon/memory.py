@@ -77,6 +77,22 @@ class Remembered:
         for port, until in list(self.refused_ports.items()):
             if now >= until:
                 del self.refused_ports[port]
+        # what is kept about bookings that are gone (no reservation, no session, nothing
+        # under way) goes too: the daemon runs for months
+        gone = (set(self.retry_after) | set(self.attempts)) - wanted - present - set(in_flight)
+        for key in gone:
+            if now >= self.retry_after.get(key, now):
+                self.retry_after.pop(key, None)
+                self.attempts.pop(key, None)
+        self.changes_notified = {item for item in self.changes_notified if item[0] in present}
+        busy = set(in_flight)
+        for sent_key, seconds in list(self.warnings_sent):
+            if sent_key not in present and sent_key not in busy and sent_key not in wanted:
+                self.warnings_sent.discard((sent_key, seconds))
+                journal.delete_meta(f"warned:{seconds}:{sent_key}")
+        for key in self.cancel_notified - present - busy - wanted:
+            self.cancel_notified.discard(key)
+            journal.delete_meta(f"cancel-notified:{key}")
         specs: dict[str, SessionSpec | None] = {
             key: entry.payload if isinstance(entry.payload, SessionSpec) else None
             for key, entry in in_flight.items()

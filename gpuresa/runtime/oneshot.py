@@ -15,7 +15,6 @@ take it for a session; `remove_leftovers()` removes those a killed bench left.
 from __future__ import annotations
 
 import logging
-import re
 import secrets
 import time
 from collections.abc import Mapping, Sequence
@@ -23,10 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from gpuresa.config import Config, HostConfig
+from gpuresa.config import Config
 from gpuresa.runtime.engine import Engine
 from gpuresa.runtime.errors import SessionError
-from gpuresa.runtime.payload import GpuAccess, gpu_access, resource_limits
+from gpuresa.runtime.gpus import host_gpu_access
+from gpuresa.runtime.payload import GpuAccess, resource_limits
 
 log = logging.getLogger(__name__)
 
@@ -49,34 +49,6 @@ class OneShotResult:
     stdout: str
     stderr: str
     seconds: float
-
-
-def host_gpu_access(host: HostConfig, gpus: Sequence[int]) -> GpuAccess:
-    """`gpu_access` for `host` with what this machine's /dev and driver files hold.
-
-    Raises `SessionError` when the GPU mode cannot give `gpus` (see `gpu_access`)
-    or a configured driver file is missing.
-    """
-    if host.gpu_mode != "devices" or not gpus:
-        return gpu_access(host, gpus)
-    devices = {str(path) for path in Path("/dev").glob("nvidia*")}
-    libraries = _existing(host.driver_libraries, "driver_libraries")
-    binaries = _existing(host.driver_binaries, "driver_binaries")
-    return gpu_access(host, gpus, devices, libraries, binaries)
-
-
-def _existing(paths: Sequence[Path], key: str) -> list[Path]:
-    """Config paths with glob patterns expanded; a plain path that is missing is refused."""
-    found: list[Path] = []
-    for path in paths:
-        text = str(path)
-        if re.search(r"[*?\[]", text):
-            found.extend(sorted(Path("/").glob(text.lstrip("/"))))
-        elif path.exists():
-            found.append(path)
-        else:
-            raise SessionError(f"hosts.{key}: {path} does not exist on this host")
-    return found
 
 
 def oneshot_payload(
