@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -131,6 +132,11 @@ def test_an_idle_notice_is_not_repeated_by_a_restarted_daemon(store: UsageStore)
 def nobody_process() -> Iterator[int]:
     process = subprocess.Popen(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
                                 "sleep", "300"])  # fmt: skip
+    # setpriv changes user, then becomes sleep: wait for both (a loaded machine is slow)
+    comm = Path(f"/proc/{process.pid}/comm")
+    deadline = time.monotonic() + 10
+    while comm.read_text().strip() != "sleep" and time.monotonic() < deadline:
+        time.sleep(0.01)
     yield process.pid
     process.kill()
     process.wait()
