@@ -260,6 +260,3 @@ class Observing:
             outbox_backlog=context.outbox.backlog(),
         )
         self.published.publish(state)
-
-    def _count_latency(self, action: str, dispatched: float) -> None:
-        self.counters.observe_latency(action, time.monotonic() - dispatched)
