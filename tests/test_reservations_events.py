@@ -497,6 +497,11 @@ def test_the_engine_agrees_with_dateutil(
         # RFC 5545 counts DTSTART even when the rule does not match it; dateutil does not
         first = next(iter(dateutil_instances(rule, start, start, start)), None)
         assume(first == start)
+    if rule.by_set_position and rule.frequency == "WEEKLY":
+        # a DTSTART the rule does not match gives an undefined set (RFC 5545 §3.8.5.3);
+        # dateutil then starts the first week at DTSTART, cutting its BYSETPOS set short
+        first = next(iter(dateutil_instances(rule, start, start, start)), None)
+        assume(first == start)
     assert mine == [instance for instance in expected if instance != start]
 
 
