@@ -31,14 +31,15 @@ from gpuresa.access import (
     authorized_keys,
     container_uid,
     ftp_credentials,
-    host_account,
 )
 from gpuresa.config import Config, HostConfig
 from gpuresa.model import Session, SessionSpec
 from gpuresa.runtime.engine import Engine, EngineRefused, dumps
 from gpuresa.runtime.errors import RuntimeUnavailable, SessionError
 from gpuresa.runtime.images import Images
-from gpuresa.runtime.output import hand_over, output_path, prepare_output, remap_base
+from gpuresa.outputs.credentials import HostCredentials
+from gpuresa.outputs.disk import start_refusal
+from gpuresa.runtime.output import output_path, prepare_output, remap_base
 from gpuresa.runtime.payload import (
     FTP_ROLE,
     HOST_LABEL,
@@ -314,6 +315,11 @@ class Runtime:
                 existing.state if existing else "unreadable",
             )
             self._remove(key, found)
+        # a nearly full output disk refuses new sessions; running ones go on
+        refusal = start_refusal(self.config, key)
+        if refusal is not None:
+            log.error("%s: refused: %s", key, refusal)
+            raise SessionError(f"session {key}: {refusal}")
         users = self.config.users
         try:
             keys = authorized_keys(spec.user, users)
@@ -327,6 +333,10 @@ class Runtime:
         ftp_image = self.ensure_ftp_image()
         output_dir = output_path(self.config, spec)
         prepare_output(output_dir, remapped_uid + uid, remapped_gid + uid, key)
+        # the host's own SSH host keys and FTPS certificate, readable by the containers' root
+        credentials = HostCredentials(self.config)
+        host_keys = credentials.session_host_keys(remapped_uid, remapped_gid)
+        tls = credentials.sidecar_tls(remapped_uid, remapped_gid)
 
         labelled = dataclasses.replace(spec, cuda=variant.name)
         labels = session_labels(labelled, uid, output_dir, credentials.user)
@@ -338,6 +348,7 @@ class Runtime:
             end_text=end_text(spec.end, self.config.reservations.timezone),
             command=template.command or (),
             gpu=gpu,
+            host_keys_dir=host_keys,
         )
         main_config = main_payload(self.config, labelled, main, labels)
         sidecar_config = ftp_payload(
@@ -350,6 +361,7 @@ class Runtime:
             output_dir,
             labels,
             self._announced_address(key),
+            tls_dir=tls,
         )
         log.debug("%s: main container %s", key, dumps(main_config))
         log.debug("%s: FTP sidecar %s", key, dumps(sidecar_config))
@@ -550,8 +562,8 @@ class Runtime:
         """End session `key`: its processes get SIGTERM and `grace` to exit, then all is removed.
 
         Idempotent: a session that is gone or going counts as stopped. The
-        output folder is never deleted; with storage.hand_output_to_user it is
-        given to the login's host account.
+        output folder is never deleted: it is handed to its login's owner (see
+        `outputs.handover`).
         """
         found = self._find(key)
         session = self._session(key, found)
@@ -573,22 +585,15 @@ class Runtime:
         self.finish_stop(session)
 
     def finish_stop(self, session: Session) -> None:
-        """What follows a session's removal: its output handed to the login, if configured.
+        """What follows a session's removal: its output handed to its login's owner and dated.
 
         Also called for a stop that a daemon restart interrupted after the
-        containers were gone. Logs, never raises.
+        containers were gone. Logs, never raises (see `outputs.handover`).
         """
-        key = session.key
-        if self.config.storage.hand_output_to_user:
-            account = host_account(session.user)
-            if account is None:
-                log.warning(
-                    "%s: %s has no account on this host: output stays with gpuresa",
-                    key,
-                    session.user,
-                )
-            elif session.output_dir.is_dir():
-                hand_over(session.output_dir, account.uid, account.gid, key)
+        # imported here: gpuresa.outputs builds on this package's gateway and output helpers
+        from gpuresa.outputs.handover import finish_output
+
+        finish_output(self.config, session)
 
     def _end_user_processes(self, key: str, main: dict[str, Any], grace: timedelta) -> None:
         """SIGTERM every process of the session's login, then wait up to `grace` for them."""
