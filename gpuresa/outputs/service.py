@@ -9,8 +9,8 @@ payload is hashed into a label: a changed port, image or mount remakes it.
 
 Why the container shares the host's user namespace (`UsernsMode: host`): its
 logins must have the uids outputs are handed to, which are host uids; under
-`userns-remap` it would see them as nobody. What keeps it small instead: a
-read-only root filesystem, the output root mounted read-only, every
+`userns-remap` it would see them as nobody. What keeps it small instead: the
+output root mounted read-only, tmpfs for what sshd writes, every
 capability dropped but the five sshd needs, no-new-privileges, limits on
 processes and memory, and sshd itself allowing nothing but `internal-sftp -R`
 in a per-login chroot.
@@ -127,6 +127,8 @@ def service_payload(
     return {
         "Image": image,
         "Cmd": [],
+        # numeric: the engine reads no /etc/passwd (the image's is gpuresa's, mounted later)
+        "User": "0:0",
         "Hostname": f"{config.daemon.host}-outputs"[:63],
         "Env": [],
         "Labels": dict(labels),
@@ -140,7 +142,8 @@ def service_payload(
             },
             "Mounts": mounts,
             "Tmpfs": {"/run": "mode=0755,size=1m", "/tmp": "mode=1777,size=1m"},
-            "ReadonlyRootfs": True,
+            # not read-only: the entrypoint makes / and /etc root's (see entrypoint.sh)
+            "ReadonlyRootfs": False,
             "CapDrop": ["ALL"],
             "CapAdd": list(CAPABILITIES),
             "SecurityOpt": ["no-new-privileges:true"],

@@ -334,9 +334,9 @@ class Runtime:
         output_dir = output_path(self.config, spec)
         prepare_output(output_dir, remapped_uid + uid, remapped_gid + uid, key)
         # the host's own SSH host keys and FTPS certificate, readable by the containers' root
-        credentials = HostCredentials(self.config)
-        host_keys = credentials.session_host_keys(remapped_uid, remapped_gid)
-        tls = credentials.sidecar_tls(remapped_uid, remapped_gid)
+        host_credentials = HostCredentials(self.config)
+        host_keys = host_credentials.session_host_keys(remapped_uid, remapped_gid)
+        tls = host_credentials.sidecar_tls(remapped_uid, remapped_gid)
 
         labelled = dataclasses.replace(spec, cuda=variant.name)
         labels = session_labels(labelled, uid, output_dir, credentials.user)
