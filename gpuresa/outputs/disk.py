@@ -236,3 +236,36 @@ def set_session_quota(path: Path, limit: int, mount: Mount) -> None:
         error = ctypes.get_errno()
         raise OSError(error, f"quotactl on {mount.device}: {os.strerror(error)}")
     log.info("output %s capped at %s (project %d)", path, gibibytes(limit), project)
+
+
+def apply_session_quota(config: Config, path: Path, key: str) -> None:
+    """Cap a new session's output folder at storage.session_quota; logs, never raises."""
+    limit_text = config.storage.session_quota
+    if limit_text is None:
+        return
+    mount = mount_of(path)
+    problem = quota_problem(mount)
+    if problem is not None:
+        log.warning("%s: storage.session_quota is not applied: %s", key, problem)
+        return
+    try:
+        set_session_quota(path, free_bytes(limit_text, 0), mount)
+    except OSError as error:
+        log.warning("%s: storage.session_quota could not be applied to %s: %s", key, path, error)
+
+
+def disk_warnings(config: Config) -> list[str]:
+    """What the daemon says at start about the output disk: shared with the journal, no quotas."""
+    storage = config.storage
+    warnings = []
+    if shares_state_disk(config.daemon.state_dir, storage.output_root):
+        warnings.append(
+            f"storage.output_root ({storage.output_root}) is on the same filesystem as "
+            f"daemon.state_dir ({config.daemon.state_dir}): users filling it would stop the "
+            "journal and the calendar snapshots; put the outputs on a filesystem of their own"
+        )
+    if storage.session_quota is not None:
+        problem = quota_problem(mount_of(storage.output_root))
+        if problem is not None:
+            warnings.append(f"storage.session_quota cannot be applied: {problem}")
+    return warnings

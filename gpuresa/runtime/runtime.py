@@ -38,7 +38,7 @@ from gpuresa.runtime.engine import Engine, EngineRefused, dumps
 from gpuresa.runtime.errors import RuntimeUnavailable, SessionError
 from gpuresa.runtime.images import Images
 from gpuresa.outputs.credentials import HostCredentials
-from gpuresa.outputs.disk import start_refusal
+from gpuresa.outputs.disk import apply_session_quota, start_refusal
 from gpuresa.runtime.output import output_path, prepare_output, remap_base
 from gpuresa.runtime.payload import (
     FTP_ROLE,
@@ -333,6 +333,7 @@ class Runtime:
         ftp_image = self.ensure_ftp_image()
         output_dir = output_path(self.config, spec)
         prepare_output(output_dir, remapped_uid + uid, remapped_gid + uid, key)
+        apply_session_quota(self.config, output_dir, key)
         # the host's own SSH host keys and FTPS certificate, readable by the containers' root
         host_credentials = HostCredentials(self.config)
         host_keys = host_credentials.session_host_keys(remapped_uid, remapped_gid)
