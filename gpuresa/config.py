@@ -344,7 +344,7 @@ def _storage_checks(config: Config) -> list[str]:
     problems = []
     if storage.sftp_port and not storage.output_pattern.startswith("{user}/"):
         problems.append(
-            "storage.output_pattern: must start with \"{user}/\" so that the output service "
+            'storage.output_pattern: must start with "{user}/" so that the output service '
             "can confine each login to its own folder (or set storage.sftp_port = 0)"
         )
     for index, host in enumerate(config.hosts):

@@ -461,7 +461,8 @@ stops. While the session runs, {output_target} is also served over FTPS
   FTP password:  {session.ftp_password}
   Passive ports: {session.ftp_passive_first}-{session.ftp_passive_last}
 
-For example:  lftp -e "set ftp:ssl-force true" -p {session.ftp_port} -u {session.ftp_user} {public_host}
+For example:
+  lftp -e "set ftp:ssl-force true" -p {session.ftp_port} -u {session.ftp_user} {public_host}
 {details}
 You will be warned by e-mail and in the session before the end.
 

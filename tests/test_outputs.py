@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from conftest import DockerHarness
-from test_runtime import Site, make_site, run, ssh_login
+from test_runtime import make_site, run, ssh_login
 
 from gpuresa.access import Account
 from gpuresa.cli import main
@@ -51,7 +51,9 @@ def storage(**values: Any) -> StorageConfig:
 # --- retention --------------------------------------------------------------------------
 
 
-def folder(ended: datetime | None, notice: datetime | None = None, busy: bool = False) -> OutputFolder:
+def folder(
+    ended: datetime | None, notice: datetime | None = None, busy: bool = False
+) -> OutputFolder:
     return OutputFolder("alice", "alice/x", Path("/o/alice/x"), ended, "k", notice, busy)
 
 
@@ -106,7 +108,9 @@ def test_a_short_retention_removes_a_folder_only_after_its_notice(
     assert service.due_removal_notices(ended + timedelta(seconds=19)) == []
     assert service.due_removals(ended + timedelta(days=9)) == []  # never told yet
     [due] = service.due_removal_notices(ended + timedelta(seconds=20))
-    subject, body = removal_notice_message(due, config, "gpu1.example.org", ended + timedelta(seconds=30))
+    subject, body = removal_notice_message(
+        due, config, "gpu1.example.org", ended + timedelta(seconds=30)
+    )
     assert f"sftp -P {config.storage.sftp_port} alice@gpu1.example.org" in body
     assert "will be removed" in subject
     service.notice_sent(due, ended + timedelta(seconds=25))
@@ -145,15 +149,15 @@ def test_outputs_commands_list_and_prune(
         f"""
 [daemon]
 host = "{site.config.daemon.host}"
-state_dir = "{tmp_path / 'state'}"
+state_dir = "{tmp_path / "state"}"
 [[hosts]]
 name = "{site.config.daemon.host}"
 gpu_mode = "none"
 gpus = []
 [users]
-keys_dir = "{tmp_path / 'keys'}"
+keys_dir = "{tmp_path / "keys"}"
 [storage]
-output_root = "{tmp_path / 'output'}"
+output_root = "{tmp_path / "output"}"
 output_retention = "1s"
 output_removal_notice = "0s"
 """
@@ -225,7 +229,7 @@ def test_bad_storage_settings_are_refused(values: dict[str, Any], complaint: str
 
 
 def test_the_sftp_port_may_not_be_a_session_port() -> None:
-    with pytest.raises(ConfigError, match="storage.sftp_port: 20005 is in hosts"):
+    with pytest.raises(ConfigError, match=r"storage\.sftp_port: 20005 is in hosts"):
         parse_config({"hosts": [{"name": "localhost"}], "storage": {"sftp_port": 20005}})
     # off: the pattern is free
     parse_config({"storage": {"sftp_port": 0, "output_pattern": "{key}"}})
@@ -292,7 +296,9 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 32 MiB tmpfs of the test's own, unmounted at the end."""
     mount_point = tmp_path / "disk"
     mount_point.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mount_point)], check=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mount_point)], check=True
+    )
     try:
         yield mount_point
     finally:
@@ -348,7 +354,10 @@ def images(docker_client: Any, tmp_path_factory: pytest.TempPathFactory) -> None
 
 def test_the_state_disk_shared_with_outputs_is_named(tmp_path: Path) -> None:
     config = parse_config(
-        {"daemon": {"state_dir": str(tmp_path / "state")}, "storage": {"output_root": str(tmp_path / "out")}}
+        {
+            "daemon": {"state_dir": str(tmp_path / "state")},
+            "storage": {"output_root": str(tmp_path / "out")},
+        }
     )
     assert any("same filesystem" in warning for warning in disk_warnings(config))
 
@@ -374,5 +383,7 @@ def test_the_end_email_says_how_to_download_and_until_when() -> None:
 
 def test_known_hosts_lines_for_one_port_and_for_all() -> None:
     keys = [HostKey("ssh-ed25519", "AAAAC3Nza")]
-    assert known_hosts_lines(keys, "gpu1.example.org") == ["[gpu1.example.org]:* ssh-ed25519 AAAAC3Nza"]
+    assert known_hosts_lines(keys, "gpu1.example.org") == [
+        "[gpu1.example.org]:* ssh-ed25519 AAAAC3Nza"
+    ]
     assert known_hosts_lines(keys, "gpu1", 20001) == ["[gpu1]:20001 ssh-ed25519 AAAAC3Nza"]

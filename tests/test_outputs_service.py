@@ -152,13 +152,14 @@ def test_a_user_downloads_their_output_after_the_end_and_nobody_else_can(site: S
 
     # a key opens its own login only
     for login, key in (("alice", site.key("bob")), ("bob", site.key("alice"))):
-        with pytest.raises(paramiko.AuthenticationException):
-            with sftp_login(site.config, login, key):
-                pass
-    # no root, no shell, no forwarding
-    with pytest.raises(paramiko.AuthenticationException):
-        with sftp_login(site.config, "root", site.key("alice")):
+        with pytest.raises(paramiko.AuthenticationException), sftp_login(site.config, login, key):
             pass
+    # no root, no shell, no forwarding
+    with (
+        pytest.raises(paramiko.AuthenticationException),
+        sftp_login(site.config, "root", site.key("alice")),
+    ):
+        pass
     client = paramiko.SSHClient()
     client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
     client.connect(
@@ -243,7 +244,7 @@ def test_sessions_and_the_service_show_the_host_keys_of_the_start_email(
     assert server_key(site.config.storage.sftp_port).asbytes() == first_key.asbytes()
 
     credentials = HostCredentials(site.config)
-    subject, body = start_message(
+    _, body = start_message(
         second, "127.0.0.1", "UTC", details=start_details(site.config, second, "127.0.0.1")
     )
     digest = hashlib.sha256(first_key.asbytes()).digest()
@@ -273,7 +274,6 @@ def test_sessions_and_the_service_show_the_host_keys_of_the_start_email(
 
 
 def test_the_ftp_sidecar_speaks_tls_and_refuses_plain_ftp(site: Site) -> None:
-    runtime = site.runtime()
     session = session_with_file(site, "alice", "over-tls")
     context = ssl.create_default_context(cafile=str(HostCredentials(site.config).tls_files()[0]))
     context.check_hostname = False  # the certificate names the host's public name

@@ -70,8 +70,10 @@ def _private_folder(path: Path, uid: int = 0, gid: int = 0) -> Path:
 
 def _new_key(kind: str) -> bytes:
     key: ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey
-    key = ed25519.Ed25519PrivateKey.generate() if kind == "ed25519" else ec.generate_private_key(
-        ec.SECP256R1()
+    key = (
+        ed25519.Ed25519PrivateKey.generate()
+        if kind == "ed25519"
+        else ec.generate_private_key(ec.SECP256R1())
     )
     return key.private_bytes(
         serialization.Encoding.PEM,

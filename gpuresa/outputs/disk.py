@@ -50,7 +50,7 @@ def free_bytes(text: str, total: int) -> int:
 
 
 def disk_level(free: int, total: int, storage: StorageConfig) -> Level:
-    """"refuse" below `free_refuse`, "warn" below `free_warn`, else "ok"."""
+    """ "refuse" below `free_refuse`, "warn" below `free_warn`, else "ok"."""
     if free < free_bytes(storage.free_refuse, total):
         return "refuse"
     if free < free_bytes(storage.free_warn, total):
@@ -77,7 +77,9 @@ class DiskState:
     def summary(self) -> str:
         """One line: "12.0 GiB free of 100.0 GiB (12%) on /srv/gpuresa/output"."""
         share = 100 * self.free / self.total if self.total else 0.0
-        return f"{gibibytes(self.free)} free of {gibibytes(self.total)} ({share:.0f}%) on {self.path}"
+        return (
+            f"{gibibytes(self.free)} free of {gibibytes(self.total)} ({share:.0f}%) on {self.path}"
+        )
 
     @property
     def refusal(self) -> str | None:

@@ -92,7 +92,9 @@ def removal_notice_message(
 ) -> tuple[str, str]:
     """The notice sent before an output folder is removed at the end of its retention."""
     timezone = config.reservations.timezone
-    subject = f"{SUBJECT_PREFIX} Your output {folder.path.name} on {config.daemon.host} will be removed"
+    subject = (
+        f"{SUBJECT_PREFIX} Your output {folder.path.name} on {config.daemon.host} will be removed"
+    )
     body = f"""\
 Hello {folder.user},
 

@@ -20,6 +20,7 @@ can list it, and nobody else on the host can.
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import logging
 import os
@@ -28,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuresa.access import Account, AccessError, check_login, container_uid, host_account
+from gpuresa.access import AccessError, Account, check_login, container_uid, host_account
 from gpuresa.config import Config
 
 log = logging.getLogger(__name__)
@@ -110,13 +111,13 @@ def prepare_login_folder(config: Config, owner: Owner) -> Path:
     """
     prepare_root(config)
     folder = login_folder(config, owner.login)
-    try:
+    with contextlib.suppress(FileExistsError):
         folder.mkdir(mode=LOGIN_FOLDER_MODE)
-    except FileExistsError:
-        pass
     details = folder.lstat()
     if not stat.S_ISDIR(details.st_mode):
-        raise AccessError(f"{folder} is not a folder (a link?); outputs of {owner.login} not served")
+        raise AccessError(
+            f"{folder} is not a folder (a link?); outputs of {owner.login} not served"
+        )
     if (details.st_uid, details.st_gid) != (0, owner.gid):
         os.lchown(folder, 0, owner.gid)
     if stat.S_IMODE(details.st_mode) != LOGIN_FOLDER_MODE:

@@ -34,8 +34,8 @@ from gpuresa import catalog
 from gpuresa.access import AccessError, authorized_keys
 from gpuresa.config import Config
 from gpuresa.outputs.credentials import HostCredentials
-from gpuresa.outputs.owners import Owner, output_owner, prepare_login_folder, prepare_root
 from gpuresa.outputs.disk import DiskState, measure
+from gpuresa.outputs.owners import Owner, output_owner, prepare_login_folder, prepare_root
 from gpuresa.outputs.records import (
     OutputFolder,
     OutputRecords,
@@ -105,7 +105,9 @@ def accounts_text(owners: Collection[Owner], privsep_uid: int) -> tuple[str, str
     ]
     group = ["root:x:0:", f"sshd:x:{privsep_uid}:"]
     for owner in sorted(owners, key=lambda item: item.login):
-        passwd.append(f"{owner.login}:x:{owner.uid}:{owner.gid}:gpuresa outputs:/:/usr/sbin/nologin")
+        passwd.append(
+            f"{owner.login}:x:{owner.uid}:{owner.gid}:gpuresa outputs:/:/usr/sbin/nologin"
+        )
         group.append(f"{owner.login}:x:{owner.gid}:")
     return "\n".join(passwd) + "\n", "\n".join(group) + "\n"
 

@@ -34,11 +34,11 @@ from gpuresa.access import (
 )
 from gpuresa.config import Config, HostConfig
 from gpuresa.model import Session, SessionSpec
+from gpuresa.outputs.credentials import HostCredentials
+from gpuresa.outputs.disk import apply_session_quota, start_refusal
 from gpuresa.runtime.engine import Engine, EngineRefused, dumps
 from gpuresa.runtime.errors import RuntimeUnavailable, SessionError
 from gpuresa.runtime.images import Images
-from gpuresa.outputs.credentials import HostCredentials
-from gpuresa.outputs.disk import apply_session_quota, start_refusal
 from gpuresa.runtime.output import output_path, prepare_output, remap_base
 from gpuresa.runtime.payload import (
     FTP_ROLE,
