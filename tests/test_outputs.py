@@ -23,8 +23,8 @@ from gpuresa.access import Account
 from gpuresa.cli import main
 from gpuresa.config import StorageConfig, parse_config
 from gpuresa.errors import ConfigError
-from gpuresa.model import Session
-from gpuresa.notify import end_message
+from gpuresa.model import Session, SessionSpec
+from gpuresa.notify import end_message, start_message
 from gpuresa.outputs.credentials import HostKey, known_hosts_lines
 from gpuresa.outputs.disk import (
     disk_level,
@@ -34,11 +34,13 @@ from gpuresa.outputs.disk import (
     mount_of,
     quota_problem,
 )
+from gpuresa.outputs.duties import OutputDuties
 from gpuresa.outputs.messages import end_details, removal_notice_message
 from gpuresa.outputs.owners import output_owner, uid_overlaps
 from gpuresa.outputs.records import OutputFolder, OutputRecords, notice_due, removal_due
 from gpuresa.outputs.service import OutputService, accounts_text
 from gpuresa.runtime import SessionError
+from gpuresa.runtime.payload import MainContainer, ftp_payload, main_payload
 
 NOW = datetime(2025, 3, 10, 12, 0, tzinfo=UTC)
 DAY = timedelta(days=1)
@@ -387,3 +389,105 @@ def test_known_hosts_lines_for_one_port_and_for_all() -> None:
         "[gpu1.example.org]:* ssh-ed25519 AAAAC3Nza"
     ]
     assert known_hosts_lines(keys, "gpu1", 20001) == ["[gpu1]:20001 ssh-ed25519 AAAAC3Nza"]
+
+
+# --- the daemon's round -----------------------------------------------------------------
+
+
+def test_a_round_tells_once_removes_after_the_notice_and_reports_the_disk(
+    tmp_path: Path, docker_harness: DockerHarness, images: None
+) -> None:
+    site = make_site(tmp_path, docker_harness.client)
+    config = dataclasses.replace(
+        site.config,
+        storage=dataclasses.replace(
+            site.config.storage,
+            sftp_port=0,  # the service itself is tested in test_outputs_service.py
+            output_retention=timedelta(seconds=30),
+            output_removal_notice=timedelta(seconds=10),
+            free_warn="100%",  # every disk is "low": the warning path runs
+            free_refuse="0%",
+        ),
+    )
+    service = OutputService(config, site.runtime())
+    duties = OutputDuties(service, "gpu1.example.org")
+    output = tmp_path / "output" / "alice" / "run-1"
+    output.mkdir(parents=True)
+    service.records.record_end("alice/run-1", "alice", "booking-1", NOW)
+    running = site.runtime().start(site.spec(site.runtime(), "bob"))
+    users: list[tuple[str, str, str]] = []
+    admins: list[tuple[str, str]] = []
+
+    def to_user(
+        key: str, kind: str, user: str, email: str | None, message: tuple[str, str]
+    ) -> bool:
+        users.append((key, kind, message[1]))
+        return True
+
+    def to_admin(key: str, kind: str, subject: str, body: str) -> bool:
+        admins.append((key, kind))
+        return True
+
+    line = duties.run(NOW + timedelta(seconds=5), [running], to_user, to_admin)
+    assert "output service off" in line and "0 output(s) removed" in line
+    assert [(key, kind) for key, kind, _ in users] == [(running.key, "output-disk-low")]
+    assert admins == [("output-disk", "warn-2025-03-10")]
+    users.clear()
+    duties.run(NOW + timedelta(seconds=20), [running], to_user, to_admin)
+    notices = [body for key, kind, body in users if kind == "output-removal"]
+    assert len(notices) == 1 and "sftp -P 0" not in notices[0] and "run-1" in notices[0]
+    assert len(admins) == 1  # the admin hears of a level once
+    users.clear()
+    duties.run(NOW + timedelta(seconds=29), [running], to_user, to_admin)
+    assert [kind for _, kind, _ in users if kind == "output-removal"] == []
+    assert output.is_dir()  # notice sent at +20 s: kept until +30 s
+    line = duties.run(NOW + timedelta(seconds=30), [running], to_user, to_admin)
+    assert "1 output(s) removed" in line and not output.exists()
+    assert running.output_dir.is_dir()  # in use: never touched
+
+
+def test_sessions_mount_the_host_keys_and_sidecars_the_certificate_read_only() -> None:
+    config = parse_config({"hosts": [{"name": "localhost", "gpu_mode": "none", "gpus": []}]})
+    spec = SessionSpec(
+        key="k", user="alice", host="localhost", template="pytorch", cuda=None, gpus=(),
+        start=NOW, end=NOW + DAY, ssh_port=20000, ftp_port=21000, ftp_passive_first=22000,
+        ftp_passive_last=22009,
+    )  # fmt: skip
+    main_container = MainContainer(
+        image="i", uid=2000, authorized_keys="k", output_dir=Path("/o/alice/x"), end_text="",
+        host_keys_dir=Path("/var/lib/gpuresa/host-keys/session"),
+    )  # fmt: skip
+    mounts = main_payload(config, spec, main_container, {})["HostConfig"]["Mounts"]
+    assert {
+        "Type": "bind",
+        "Source": "/var/lib/gpuresa/host-keys/session",
+        "Target": "/etc/ssh/gpuresa-host-keys",
+        "ReadOnly": True,
+    } in mounts
+    sidecar = ftp_payload(
+        config, spec, "f", 2000, "alice", "pw", Path("/o/alice/x"), {},
+        tls_dir=Path("/var/lib/gpuresa/tls/session"),
+    )  # fmt: skip
+    assert {
+        "Type": "bind",
+        "Source": "/var/lib/gpuresa/tls/session",
+        "Target": "/etc/gpuresa-ftp/tls",
+        "ReadOnly": True,
+    } in sidecar["HostConfig"]["Mounts"]
+    assert "FTP_PLAIN=no" in sidecar["Env"]
+    plain = parse_config({"hosts": [{"name": "localhost"}], "storage": {"ftp_plain": True}})
+    assert (
+        "FTP_PLAIN=yes" in ftp_payload(plain, spec, "f", 2000, "alice", "pw", Path("/o"), {})["Env"]
+    )
+
+
+def test_the_start_email_says_ftps_and_carries_the_details() -> None:
+    session = Session(
+        key="k", user="alice", host="gpu1", template="pytorch", cuda=None, gpus=(),
+        start=NOW, end=NOW + DAY, ssh_port=20001, ftp_port=21001, ftp_passive_first=22000,
+        ftp_passive_last=22009, state="running", output_dir=Path("/o/alice/x"),
+        ftp_user="alice", ftp_password="pw",
+    )  # fmt: skip
+    _, body = start_message(session, "gpu1.example.org", "UTC", details="\nHOST KEYS HERE\n")
+    assert "FTPS" in body and "ssl-force true" in body
+    assert "\nHOST KEYS HERE\n" in body

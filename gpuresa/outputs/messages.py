@@ -74,7 +74,7 @@ def end_details(config: Config, session: Session, public_host: str, ended: datet
     timezone = config.reservations.timezone
     when = (
         f"It will be removed on {format_time(removal, timezone)}; you will be\n"
-        "reminded the day before."
+        f"reminded {format_remaining(config.storage.output_removal_notice)} before."
         if removal is not None
         else "It is kept until an administrator removes it."
     )
@@ -92,6 +92,14 @@ def removal_notice_message(
 ) -> tuple[str, str]:
     """The notice sent before an output folder is removed at the end of its retention."""
     timezone = config.reservations.timezone
+    how = "Copy what you need before then (ask the administrators how).\n"
+    if config.storage.sftp_port:
+        how = f"""Download what you need before then:
+
+  {sftp_command(config, folder.user, public_host)}
+
+then `get -r {folder.path.name}`.
+"""
     subject = (
         f"{SUBJECT_PREFIX} Your output {folder.path.name} on {config.daemon.host} will be removed"
     )
@@ -103,12 +111,7 @@ the output of your GPU session on {config.daemon.host} in
   {folder.path.name}
 
 will be removed on {format_time(removal, timezone)}.
-Download what you need before then:
-
-  {sftp_command(config, folder.user, public_host)}
-
-then `get -r {folder.path.name}`.
-
+{how}
 Reservation: {one_line(folder.key) or "unknown"}
 """
     return subject, body
