@@ -491,3 +491,22 @@ def test_the_start_email_says_ftps_and_carries_the_details() -> None:
     _, body = start_message(session, "gpu1.example.org", "UTC", details="\nHOST KEYS HERE\n")
     assert "FTPS" in body and "ssl-force true" in body
     assert "\nHOST KEYS HERE\n" in body
+
+
+def test_config_validate_says_when_quotas_cannot_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config_file = tmp_path / "config.toml"
+    config_file.write_text(
+        f"""
+[daemon]
+state_dir = "{tmp_path / "state"}"
+[storage]
+output_root = "/dev/shm/gpuresa-test-output"
+session_quota = "100g"
+"""
+    )
+    assert main(["config", "validate", "--config", str(config_file)]) == 0
+    output = capsys.readouterr().out
+    assert "warning: storage.session_quota cannot be applied" in output
+    assert "tmpfs, which has no project quotas" in output

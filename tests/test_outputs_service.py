@@ -323,3 +323,24 @@ def test_the_service_waits_for_a_new_login_without_restarting(site: Site) -> Non
     assert started is not None and found is not None and found["Id"] == started["Id"]
     with sftp_login(site.config, "bob", site.key("bob")) as sftp:
         assert sftp.listdir("/") == [second.output_dir.name]
+
+
+def test_sftp_inside_a_session_reads_and_writes_the_output(site: Site) -> None:
+    runtime = site.runtime()
+    session = runtime.start(site.spec(runtime, "alice"))
+    client = paramiko.SSHClient()
+    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+    client.connect(
+        "127.0.0.1", session.ssh_port, username="alice", pkey=site.key("alice"),
+        look_for_keys=False, allow_agent=False, timeout=10,
+    )  # fmt: skip
+    try:
+        sftp = client.open_sftp()
+        with sftp.open("/output/over-sftp.txt", "wb") as stream:
+            stream.write(b"written over sftp\n")
+        assert read(sftp, "/output/over-sftp.txt") == b"written over sftp\n"
+        assert "dataset.csv" in sftp.listdir("/data")
+        sftp.close()
+    finally:
+        client.close()
+    assert (session.output_dir / "over-sftp.txt").read_bytes() == b"written over sftp\n"
