@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -134,9 +135,17 @@ def test_an_unrecorded_folder_gets_a_full_retention_from_first_sight(
     site = make_site(tmp_path, docker_harness.client)
     service = OutputService(site.config, site.runtime())
     (tmp_path / "output" / "bob" / "old").mkdir(parents=True)
+    (tmp_path / "output" / "bob" / "new").mkdir(parents=True)
     (tmp_path / "output" / "not a login").mkdir()
     (tmp_path / "output" / "root").mkdir()
-    [found] = service.folders(NOW)
+    settled = time.time() - 2 * 3600
+    os.utime(tmp_path / "output" / "bob" / "old", (settled, settled))
+    # "new" changed a moment ago: maybe a session being made, left alone
+    assert [(item.relative, item.busy) for item in service.folders(NOW)] == [
+        ("bob/new", True),
+        ("bob/old", False),
+    ]
+    [found] = [item for item in service.folders(NOW) if not item.busy]
     assert (found.user, found.ended) == ("bob", NOW)
     assert service.due_removal_notices(NOW + 5 * DAY) == []
     assert len(service.due_removal_notices(NOW + 6 * DAY)) == 1
@@ -164,9 +173,11 @@ output_retention = "1s"
 output_removal_notice = "0s"
 """
     )
+    settled = time.time() - 2 * 3600
     for login in ("alice", "bob"):
         (tmp_path / "output" / login / "run-1").mkdir(parents=True)
         (tmp_path / "output" / login / "run-1" / "data.bin").write_bytes(b"x" * 2048)
+        os.utime(tmp_path / "output" / login / "run-1", (settled, settled))
     assert main(["outputs", "list", "--json", "--user", "alice", "--config", str(config_file)]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [(row["user"], row["in_use"]) for row in rows] == [("alice", False)]

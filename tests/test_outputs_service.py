@@ -15,6 +15,7 @@ import dataclasses
 import ftplib
 import hashlib
 import io
+import pwd
 import socket
 import ssl
 import stat
@@ -28,7 +29,7 @@ from typing import Any
 import paramiko
 import pytest
 from conftest import DockerHarness
-from test_runtime import Site, free_block, make_site, run, ssh_login
+from test_runtime import Site, free_block, host_login, make_site, run, ssh_login
 
 from gpuresa.config import Config
 from gpuresa.model import Session
@@ -37,6 +38,8 @@ from gpuresa.outputs.credentials import HostCredentials, known_hosts_lines
 from gpuresa.outputs.messages import start_details
 from gpuresa.outputs.owners import output_owner
 from gpuresa.outputs.service import OutputService
+
+__all__ = ["host_login"]  # a fixture of test_runtime.py, used here too
 
 
 def with_storage(config: Config, **changes: Any) -> Config:
@@ -344,3 +347,21 @@ def test_sftp_inside_a_session_reads_and_writes_the_output(site: Site) -> None:
     finally:
         client.close()
     assert (session.output_dir / "over-sftp.txt").read_bytes() == b"written over sftp\n"
+
+
+def test_a_host_account_gets_its_output_and_the_service_serves_it(
+    site: Site, host_login: str
+) -> None:
+    (site.root / "keys" / "alice.pub").rename(site.root / "keys" / f"{host_login}.pub")
+    (site.root / "private" / "alice").rename(site.root / "private" / host_login)
+    account = pwd.getpwnam(host_login)
+    session = session_with_file(site, host_login, "mine")
+    site.runtime().stop(session.key, grace=timedelta(seconds=1))
+    # handed to the host account (its own group), the login folder closed to others
+    details = (session.output_dir / "result.txt").stat()
+    assert (details.st_uid, details.st_gid) == (account.pw_uid, account.pw_gid)
+    top = session.output_dir.parent.stat()
+    assert (top.st_uid, top.st_gid, stat.S_IMODE(top.st_mode)) == (0, account.pw_gid, 0o750)
+    OutputService(site.config, site.runtime()).ensure_running()
+    with sftp_login(site.config, host_login, site.key(host_login)) as sftp:
+        assert read(sftp, f"/{session.output_dir.name}/result.txt") == b"mine\n"

@@ -22,6 +22,7 @@ import logging
 import os
 import stat
 import tempfile
+import time
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -194,9 +195,11 @@ def scan(
 ) -> list[OutputFolder]:
     """Every output folder under the output root, with its record.
 
-    `busy` holds the folders sessions use now. With `now`, a finished folder
-    that has no record (made before records were kept, or its stop was never
-    finished) is recorded as ended at `now`, so it gets its full retention.
+    `busy` holds the folders sessions use now; a folder with no record that
+    changed within `SETTLE` counts as busy too (it may belong to a session
+    being made). With `now`, a finished folder that has no record (made before
+    records were kept, or its stop was never finished) is recorded as ended at
+    `now`, so it gets its full retention.
     """
     busy_set = {Path(path) for path in busy}
     depth = pattern_depth(storage)
@@ -207,12 +210,30 @@ def scan(
                 continue
             relative = path.relative_to(storage.output_root).as_posix()
             folder = records.folder(user, relative, path, path in busy_set)
+            if folder.ended is None and not folder.busy and recently_changed(path):
+                # no record, changed lately: a session being made (its containers not
+                # there yet) as likely as a stop never finished; left alone for now
+                folder = replace(folder, busy=True)
             if folder.ended is None and not folder.busy and now is not None:
                 log.info("output %s has no end recorded; its retention starts now", path)
                 records.record_end(relative, user, folder.key, now)
                 folder = replace(folder, ended=now)
             found.append(folder)
     return found
+
+
+# How long a folder with no record must have been left unchanged before it counts
+# as finished (a session's folder exists a few seconds before its containers do).
+SETTLE = timedelta(hours=1)
+
+
+def recently_changed(path: Path) -> bool:
+    """Whether `path` changed (its modification time) within `SETTLE`."""
+    try:
+        changed = path.lstat().st_mtime
+    except OSError:
+        return False
+    return time.time() - changed < SETTLE.total_seconds()
 
 
 def folder_bytes(path: Path) -> int:

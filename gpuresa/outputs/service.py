@@ -44,6 +44,7 @@ from gpuresa.outputs.records import (
     notice_due,
     pattern_depth,
     planned_removal,
+    recently_changed,
     removal_due,
     scan,
 )
@@ -244,6 +245,9 @@ class OutputService:
         for path in folders_below(top, pattern_depth(self.config.storage)):
             if path == top or path in busy:
                 continue
+            relative = path.relative_to(self.config.storage.output_root).as_posix()
+            if self.records.read(relative) is None and recently_changed(path):
+                continue  # maybe a session being made: its containers are not there yet
             details = path.lstat()
             if (details.st_uid, details.st_gid) != (owner.uid, owner.gid):
                 hand_over(path, owner.uid, owner.gid, f"outputs of {owner.login}")
