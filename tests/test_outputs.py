@@ -22,8 +22,11 @@ from test_runtime import make_site, run, ssh_login
 
 from gpuresa.access import Account
 from gpuresa.cli import main
+from gpuresa.commands.daemon_commands import status_report
 from gpuresa.config import StorageConfig, parse_config
+from gpuresa.daemon import journal_path
 from gpuresa.errors import ConfigError
+from gpuresa.journal import Journal
 from gpuresa.model import Session, SessionSpec
 from gpuresa.notify import end_message, start_message
 from gpuresa.outputs.credentials import HostKey, known_hosts_lines
@@ -351,6 +354,10 @@ def test_a_full_output_disk_refuses_new_sessions_and_spares_running_ones(
         runtime.start(site.spec(runtime, "bob"))
     assert "storage.free_refuse" in str(refused.value)
     assert [session.user for session in runtime.list_sessions()] == ["alice"]
+    # `gpuresa status` says so
+    Journal(journal_path(site.config)).close()
+    disk = status_report(site.config, datetime.now(UTC))["output_disk"]
+    assert disk["level"] == "refuse" and "storage.free_refuse" in disk["refusal"]
     with ssh_login(running, "alice", site.key("alice")) as client:
         assert run(client, "echo still-here > /output/note && cat /output/note") == (
             0,

@@ -271,3 +271,19 @@ def disk_warnings(config: Config) -> list[str]:
         if problem is not None:
             warnings.append(f"storage.session_quota cannot be applied: {problem}")
     return warnings
+
+
+def disk_report(config: Config) -> dict[str, object]:
+    """The output disk for `gpuresa status`: level, space, why starts are refused, warnings."""
+    try:
+        state = measure(config.storage, config.daemon.state_dir)
+    except OSError as error:
+        return {"level": "unknown", "summary": f"cannot be measured: {error}", "refusal": None}
+    return {
+        "level": state.level,
+        "free_bytes": state.free,
+        "total_bytes": state.total,
+        "summary": state.summary,
+        "refusal": state.refusal,
+        "warnings": disk_warnings(config),
+    }
