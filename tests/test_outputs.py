@@ -9,15 +9,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import stat
 import subprocess
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import DockerHarness
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 from test_runtime import make_site, run, ssh_login
 
 from gpuresa.access import Account
@@ -29,7 +33,7 @@ from gpuresa.errors import ConfigError
 from gpuresa.journal import Journal
 from gpuresa.model import Session, SessionSpec
 from gpuresa.notify import end_message, start_message
-from gpuresa.outputs.credentials import HostKey, known_hosts_lines
+from gpuresa.outputs.credentials import HostCredentials, HostKey, known_hosts_lines
 from gpuresa.outputs.disk import (
     disk_level,
     disk_warnings,
@@ -528,3 +532,35 @@ session_quota = "100g"
     output = capsys.readouterr().out
     assert "warning: storage.session_quota cannot be applied" in output
     assert "tmpfs, which has no project quotas" in output
+
+
+def test_host_credentials_are_made_once_even_by_many_at_once(tmp_path: Path) -> None:
+    config = parse_config(
+        {"daemon": {"state_dir": str(tmp_path / "state")}, "hosts": [{"name": "localhost"}]}
+    )
+    makers = [HostCredentials(config) for _ in range(8)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        keys = list(pool.map(lambda maker: maker.public_keys(), makers))
+        files = list(pool.map(lambda maker: maker.tls_files(), makers))
+    assert all(found == keys[0] for found in keys) and len(keys[0]) == 2
+    assert keys[0][0].kind == "ssh-ed25519" and keys[0][1].kind == "ecdsa-sha2-nistp256"
+    certificate, key = files[0]
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    private = serialization.load_pem_private_key(key.read_bytes(), None)
+    public = x509.load_pem_x509_certificate(certificate.read_bytes()).public_key()
+    assert private.public_key().public_numbers() == public.public_numbers()  # type: ignore[union-attr]
+    # the copies for sessions belong to the given uid, 0600, and match
+    folder = makers[0].session_host_keys(100000, 100000)
+    copy = folder / "ssh_host_ed25519_key"
+    details = copy.stat()
+    assert (details.st_uid, details.st_gid, stat.S_IMODE(details.st_mode)) == (
+        100000,
+        100000,
+        0o600,
+    )
+    assert (
+        copy.read_bytes()
+        == (tmp_path / "state" / "host-keys" / "ssh_host_ed25519_key").read_bytes()
+    )
+    master = (tmp_path / "state" / "host-keys").stat()
+    assert (master.st_uid, stat.S_IMODE(master.st_mode)) == (0, 0o700)

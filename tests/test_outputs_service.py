@@ -255,6 +255,7 @@ def test_sessions_and_the_service_show_the_host_keys_of_the_start_email(
     assert fingerprint in body
     assert f"[127.0.0.1]:{second.ssh_port} ssh-ed25519 " in body
     assert "sftp -P" in body
+    assert credentials.tls_fingerprint() in body and len(credentials.tls_fingerprint()) == 95
 
     # OpenSSH itself accepts the port-independent line, strictly
     known_hosts = tmp_path / "known_hosts"

@@ -28,6 +28,7 @@ import ipaddress
 import logging
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,17 +47,43 @@ TLS_FOLDER = "tls"
 SESSION_COPY = "session"
 
 
-def _write_private(path: Path, data: bytes, uid: int = 0, gid: int = 0) -> None:
-    """Write `data` to `path` as uid:gid, mode 0600, atomically; never through a link."""
-    temporary = path.with_name(f".{path.name}.new")
-    temporary.unlink(missing_ok=True)
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+def _temporary(folder: Path, data: bytes, uid: int, gid: int) -> Path:
+    """A new file in `folder` holding `data`, owned by uid:gid, mode 0600 (a unique name)."""
+    descriptor, name = tempfile.mkstemp(dir=folder, prefix=".new-")
     try:
         os.write(descriptor, data)
         os.fchown(descriptor, uid, gid)
     finally:
         os.close(descriptor)
-    os.replace(temporary, path)
+    return Path(name)
+
+
+def _write_private(path: Path, data: bytes, uid: int = 0, gid: int = 0) -> None:
+    """Replace `path` with `data` as uid:gid, mode 0600, atomically; never through a link.
+
+    Safe from several threads at once (each writes a file of its own first).
+    """
+    temporary = _temporary(path.parent, data, uid, gid)
+    try:
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def _create_once(path: Path, data: bytes) -> None:
+    """Make `path` (root's, 0600) holding `data` unless it exists: the first maker wins.
+
+    `os.link` fails when the name is taken, so two daemons or threads making the
+    host's keys at once agree on one key instead of overwriting each other's.
+    """
+    temporary = _temporary(path.parent, data, 0, 0)
+    try:
+        os.link(temporary, path)
+    except FileExistsError:
+        pass
+    finally:
+        temporary.unlink(missing_ok=True)
 
 
 def _private_folder(path: Path, uid: int = 0, gid: int = 0) -> Path:
@@ -123,7 +150,7 @@ class HostCredentials:
             path = self.key_file(kind)
             if not path.is_file():
                 log.info("making this host's SSH %s host key in %s", kind, path)
-                _write_private(path, _new_key(kind))
+                _create_once(path, _new_key(kind))
         return self.key_folder
 
     def public_keys(self) -> list[HostKey]:
@@ -157,12 +184,16 @@ class HostCredentials:
         _private_folder(self.tls_folder)
         certificate = self.tls_folder / "ftp-cert.pem"
         key = self.tls_folder / "ftp-key.pem"
-        if not (certificate.is_file() and key.is_file()):
+        if not certificate.is_file():
             name = self.config.host().public_name or self.config.daemon.host
             log.info("making a self-signed FTPS certificate for %s in %s", name, certificate)
+            # one file holds both, made once: a key and a certificate always match
             pem_key, pem_certificate = self_signed(name)
-            _write_private(key, pem_key)
-            _write_private(certificate, pem_certificate)
+            _create_once(self.tls_folder / "ftp.pem", pem_key + pem_certificate)
+            bundle = (self.tls_folder / "ftp.pem").read_bytes()
+            marker = b"-----BEGIN CERTIFICATE-----"
+            _write_private(key, bundle[: bundle.index(marker)])
+            _write_private(certificate, bundle[bundle.index(marker) :])
             os.chmod(certificate, 0o644)
         return certificate, key
 

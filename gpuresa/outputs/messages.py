@@ -55,6 +55,10 @@ Or add these lines to ~/.ssh/known_hosts (every port of {public_host}):
 
 (only this session's port:
 {this_port})
+
+The FTPS certificate's SHA-256 fingerprint (check it when your FTP client asks):
+
+  {credentials.tls_fingerprint()}
 """
     if config.storage.sftp_port:
         text += f"""
