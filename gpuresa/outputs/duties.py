@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 
+from gpuresa.errors import UserError
 from gpuresa.model import Session
 from gpuresa.outputs.disk import DiskState, Level
 from gpuresa.outputs.messages import (
@@ -29,7 +30,8 @@ log = logging.getLogger(__name__)
 
 # (key, kind, login, booking's e-mail, (subject, body)) -> queued
 ToUser = Callable[[str, str, str, "str | None", tuple[str, str]], bool]
-# (key, kind, subject, body) -> queued
+# (key, kind, subject, body) -> queued; the subject has no "[gpuresa]" prefix (the
+# daemon's admin notices add it)
 ToAdmin = Callable[[str, str, str, str], bool]
 
 
@@ -38,9 +40,19 @@ class OutputDuties:
     """The outputs' share of the daemon's rounds; remembers the disk's last level."""
 
     service: OutputService
-    public_host: str
+    # the name users connect to; "" for [[hosts]].public_name, else the host's name
+    public_host: str = ""
     last_level: Level = "ok"
-    problems: list[str] = field(default_factory=list)
+
+    def _public_host(self) -> str:
+        if self.public_host:
+            return self.public_host
+        config = self.service.config
+        try:
+            host = config.host()
+        except UserError:
+            return config.daemon.host
+        return host.public_name or host.name
 
     def run(
         self, now: datetime, sessions: Sequence[Session], to_user: ToUser, to_admin: ToAdmin
@@ -74,7 +86,9 @@ class OutputDuties:
                 continue
             # the notice is due N before `removal`; sent late, the removal moves to now + N
             removal = max(removal, now + storage.output_removal_notice)
-            message = removal_notice_message(folder, self.service.config, self.public_host, removal)
+            message = removal_notice_message(
+                folder, self.service.config, self._public_host(), removal
+            )
             to_user(folder.relative, "output-removal", folder.user, None, message)
             # queued (or nobody to tell): the outbox delivers it, the clock starts now
             self.service.notice_sent(folder, now)

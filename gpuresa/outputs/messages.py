@@ -140,9 +140,10 @@ Reservation: {one_line(session.key)}
 
 
 def disk_admin_message(state: DiskState, host: str) -> tuple[str, str]:
-    """The notice to the admin when the output disk crosses a threshold."""
+    """The notice to the admin when the output disk crosses a threshold (subject unprefixed)."""
     what = "refuses new sessions" if state.level == "refuse" else "is nearly full"
-    subject = f"{SUBJECT_PREFIX} The output disk of {host} {what}"
+    # no "[gpuresa]" prefix: the daemon's admin notices add it
+    subject = f"The output disk of {host} {what}"
     body = f"""\
 The output disk of {host}: {state.summary}
 (storage.free_warn and storage.free_refuse set the thresholds).
