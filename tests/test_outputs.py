@@ -475,10 +475,16 @@ def test_sessions_mount_the_host_keys_and_sidecars_the_certificate_read_only() -
         start=NOW, end=NOW + DAY, ssh_port=20000, ftp_port=21000, ftp_passive_first=22000,
         ftp_passive_last=22009,
     )  # fmt: skip
+    # what else a main container needs changes with the runtime; only the host keys matter here
+    others: dict[str, Any] = {
+        field.name: Path("/s") if field.type in ("Path", Path) else ""
+        for field in dataclasses.fields(MainContainer)
+        if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+    }
     main_container = MainContainer(
-        image="i", uid=2000, authorized_keys="k", output_dir=Path("/o/alice/x"), end_text="",
+        **{**others, "image": "i", "uid": 2000, "output_dir": Path("/o/alice/x")},
         host_keys_dir=Path("/var/lib/gpuresa/host-keys/session"),
-    )  # fmt: skip
+    )
     mounts = main_payload(config, spec, main_container, {})["HostConfig"]["Mounts"]
     assert {
         "Type": "bind",
