@@ -5,6 +5,10 @@ process, books reservations with the caldav client and prints a table:
 
 * start latency: first successful SSH login minus the booking's start time;
 * end latency: containers gone minus (end + stop grace);
+* start latency of eight sessions booked for the same instant (SSH key exchange);
+* start latency of a session that starts during a hostile session's last
+  warning, with the SMTP relay hanging (the hostile user replaced `wall`,
+  `pkill` and the rest in their session and left processes that ignore SIGTERM);
 * idle cost: CPU seconds and resident memory of the daemon over 60 s with 50
   upcoming reservations in the calendar, at two poll intervals.
 
@@ -31,6 +35,17 @@ import paramiko
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
 from conftest import BASE_IMAGE, start_radicale
+from daemon_stage import (
+    DaemonProcess,
+    HangingRelay,
+    at,
+    book_at_once,
+    make_hostile,
+    start_latencies,
+    wait_ssh_ready,
+)
+from daemon_stage import write_config as write_stage_config
+from test_daemon_cli import ics_event
 
 from gpuresa.config import Config, load_config
 from gpuresa.demo import free_port_block
@@ -94,14 +109,6 @@ shm_size = "64m"
     return load_config(file)
 
 
-def start_daemon(config: Config, log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "gpuresa.cli", "--config", config.source, "run"],
-        stdout=log.open("ab"),
-        stderr=subprocess.STDOUT,
-    )
-
-
 def first_login(port: int, key_file: Path, deadline: float) -> float | None:
     """time.time() of the first successful SSH login on `port`, or None by `deadline`."""
     while time.time() < deadline:
@@ -134,6 +141,7 @@ def latency(directory: Path, count: int) -> tuple[list[float], list[float]]:
         config = write_config(directory, str(calendar.url), radicale, "5s")
         runtime = Runtime(config)
         runtime.ensure_image("pytorch", None)
+        runtime.ensure_ftp_image()  # starts never build images
         key_file = directory / "user_key"
         base = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=20)
         bookings = []
@@ -148,7 +156,7 @@ def latency(directory: Path, count: int) -> tuple[list[float], list[float]]:
                 description="template: pytorch\ngpus: 1",
             )
             bookings.append((f"bench-{index}", start, end))
-        daemon = start_daemon(config, directory / "daemon.log")
+        daemon = DaemonProcess(Path(config.source), directory / "daemon.log")
         starts: list[float] = []
         ends: list[float] = []
         lock = threading.Lock()
@@ -183,10 +191,71 @@ def latency(directory: Path, count: int) -> tuple[list[float], list[float]]:
         for thread in threads:
             thread.join()
         daemon.terminate()
-        daemon.wait(30)
         return starts, ends
     finally:
         radicale.stop()
+
+
+def simultaneous(directory: Path, count: int) -> list[float]:
+    """Seconds from the shared start to each session's first SSH key exchange."""
+    relay = HangingRelay()
+    try:
+        config_file = write_stage_config(directory, count, relay.port)
+        config = load_config(config_file)
+        start = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=25)
+        keys = [f"nine-{index}" for index in range(count)]
+        book_at_once(directory, keys, start)
+        daemon = DaemonProcess(config_file, directory / "daemon.log")
+        try:
+            latencies = start_latencies(config, keys, start)
+        finally:
+            daemon.stop()
+            _remove_sessions(config)
+        return [latency for latency in latencies.values() if latency is not None]
+    finally:
+        relay.close()
+
+
+def hostile_neighbour(directory: Path) -> float | None:
+    """Start latency of a session beginning in a hostile session's last warning."""
+    relay = HangingRelay()
+    try:
+        config_file = write_stage_config(directory, 2, relay.port)
+        config = load_config(config_file)
+        now = datetime.now(UTC).replace(microsecond=0)
+        hostile_end = now + timedelta(seconds=45)
+        second_start = hostile_end - timedelta(seconds=10)
+        calendar = directory / "calendar"
+        calendar.joinpath("hostile.ics").write_text(
+            ics_event("hostile", now, hostile_end, "alice", "")
+        )
+        calendar.joinpath("second.ics").write_text(
+            ics_event("second", second_start, second_start + timedelta(minutes=30), "bob", "")
+        )
+        daemon = DaemonProcess(config_file, directory / "daemon.log")
+        try:
+            if wait_ssh_ready(config, "hostile", time.monotonic() + 30) is None:
+                return None
+            runtime = Runtime(config)
+            main = runtime.engine.client.containers.list(
+                filters={"label": ["gpuresa.reservation=hostile", "gpuresa.role=main"]}
+            )[0]
+            make_hostile(main)
+            ready = wait_ssh_ready(
+                config, "second", at(second_start) + 30, user="bob", not_before=at(second_start)
+            )
+            return None if ready is None else ready - at(second_start)
+        finally:
+            daemon.stop()
+            _remove_sessions(config)
+    finally:
+        relay.close()
+
+
+def _remove_sessions(config: Config) -> None:
+    runtime = Runtime(config)
+    for session in runtime.list_sessions():
+        runtime.kill(session.key)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -216,14 +285,13 @@ def idle(directory: Path, poll: str, seconds: int) -> tuple[float, float]:
                 description="template: pytorch\ngpus: 1",
             )
         config = write_config(directory, str(calendar.url), radicale, poll)
-        daemon = start_daemon(config, directory / "daemon.log")
+        daemon = DaemonProcess(Path(config.source), directory / "daemon.log")
         time.sleep(10)  # start-up and the first poll are not idle time
-        before = cpu_seconds(daemon.pid)
+        before = cpu_seconds(daemon.process.pid)
         time.sleep(seconds)
-        used = cpu_seconds(daemon.pid) - before
-        memory = rss_mib(daemon.pid)
+        used = cpu_seconds(daemon.process.pid) - before
+        memory = rss_mib(daemon.process.pid)
         daemon.terminate()
-        daemon.wait(30)
         return used, memory
     finally:
         radicale.stop()
@@ -235,25 +303,36 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=5)
     parser.add_argument("--idle-seconds", type=int, default=60)
+    parser.add_argument("--hostile-rounds", type=int, default=3)
     arguments = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="gpuresa-bench-") as temporary:
         root = Path(temporary)
         starts, ends = latency(root / "latency", arguments.sessions)
+        (root / "eight").mkdir()
+        eight = simultaneous(root / "eight", 8)
+        neighbours = []
+        for index in range(arguments.hostile_rounds):
+            (root / f"hostile-{index}").mkdir()
+            measured = hostile_neighbour(root / f"hostile-{index}")
+            if measured is not None:
+                neighbours.append(measured)
         idle_rows = []
         for poll in ("30s", "5s"):
             used, memory = idle(root / f"idle-{poll}", poll, arguments.idle_seconds)
             idle_rows.append((poll, used, memory))
-    print(f"\n{'measure':<46} {'n':>3} {'median':>9} {'max':>9}")
+    print(f"\n{'measure':<52} {'n':>3} {'median':>9} {'max':>9}")
     for name, values in (
         ("start latency: SSH login - start (s)", starts),
         ("end latency: containers gone - (end+grace) (s)", ends),
+        ("eight at once: SSH ready - start (s)", eight),
+        ("beside a hostile session, relay hanging (s)", neighbours),
     ):
         if values:
             print(
-                f"{name:<46} {len(values):>3} {statistics.median(values):>9.2f} {max(values):>9.2f}"
+                f"{name:<52} {len(values):>3} {statistics.median(values):>9.2f} {max(values):>9.2f}"
             )
         else:
-            print(f"{name:<46} {0:>3} {'-':>9} {'-':>9}")
+            print(f"{name:<52} {0:>3} {'-':>9} {'-':>9}")
     cpu_heading = f"CPU s / {arguments.idle_seconds} s"
     print(f"\n{'idle daemon, 50 upcoming reservations':<40} {cpu_heading:>14} {'RSS MiB':>9}")
     for poll, used, memory in idle_rows:

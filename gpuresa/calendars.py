@@ -1,19 +1,23 @@
 """Every configured calendar, polled: what the daemon calls each round.
 
-`Calendars.poll(now)` polls each source, reads all calendars into
-reservations over the window (`now - window_past` to `now + window_ahead`)
-and says how fresh each calendar is. One calendar failing (server down,
-password refused, file missing) is logged and read from its last good
-snapshot; the others go on. A calendar that never answered and has no
-snapshot contributes nothing and says so in its freshness.
+`Calendars.poll(now, first_seen=…, holding=…)` polls each source, reads all
+calendars into reservations over the window (`now - window_past` to
+`now + window_ahead`), decides over-booking (see
+`gpuresa.reservations.resolve_conflicts`) and says how fresh each calendar
+is. One calendar failing (server down, password refused, file missing) is
+logged and read from its last good snapshot; the others go on. A calendar
+that never answered and has no snapshot contributes nothing and says so in
+its freshness.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from datetime import datetime
+from types import MappingProxyType
 
 from gpuresa.config import Config
 from gpuresa.model import ReservationSet
@@ -21,6 +25,8 @@ from gpuresa.reservations import read_reservations
 from gpuresa.sources import CalendarSource, SourceError, open_source
 
 log = logging.getLogger(__name__)
+
+_NOTHING_SEEN: Mapping[str, datetime] = MappingProxyType({})
 
 
 @dataclass(frozen=True)
@@ -66,11 +72,20 @@ class Calendars:
                 )
         self.errors: dict[str, str | None] = {name: None for name in self.sources}
 
-    def poll(self, now: datetime) -> CalendarReport:
+    def poll(
+        self,
+        now: datetime,
+        *,
+        first_seen: Mapping[str, datetime] = _NOTHING_SEEN,
+        holding: AbstractSet[str] = frozenset(),
+    ) -> CalendarReport:
         """Poll every calendar, then read them all over the window around `now`.
 
-        Never raises for a calendar's failure: that calendar's last snapshot is
-        used and its freshness carries the reason.
+        `first_seen` (when gpuresa first saw each key: the journal's
+        `first_seen_times()`) and `holding` (the keys whose session is
+        prepared or running) decide over-booking. Never raises for a
+        calendar's failure: that calendar's last snapshot is used and its
+        freshness carries the reason.
         """
         objects: dict[str, Mapping[str, bytes]] = {}
         for name, source in self.sources.items():
@@ -87,19 +102,34 @@ class Calendars:
                 log.info("calendar %s: reachable again", name)
             self.errors[name] = None
             objects[name] = result.objects
-        return self._report(objects, now)
+        return self._report(objects, now, first_seen, holding)
 
-    def from_snapshots(self, now: datetime) -> CalendarReport:
+    def from_snapshots(
+        self,
+        now: datetime,
+        *,
+        first_seen: Mapping[str, datetime] = _NOTHING_SEEN,
+        holding: AbstractSet[str] = frozenset(),
+    ) -> CalendarReport:
         """What the snapshots on disk say, without asking any server (for a start-up)."""
-        return self._report({name: source.snapshot() for name, source in self.sources.items()}, now)
+        objects = {name: source.snapshot() for name, source in self.sources.items()}
+        return self._report(objects, now, first_seen, holding)
 
-    def _report(self, objects: Mapping[str, Mapping[str, bytes]], now: datetime) -> CalendarReport:
+    def _report(
+        self,
+        objects: Mapping[str, Mapping[str, bytes]],
+        now: datetime,
+        first_seen: Mapping[str, datetime],
+        holding: AbstractSet[str],
+    ) -> CalendarReport:
         window = self.config.reservations
         found = read_reservations(
             self.config,
             {name: list(items.items()) for name, items in objects.items()},
             now - window.window_past,
             now + window.window_ahead,
+            first_seen=first_seen,
+            holding=holding,
         )
         freshness = {}
         for name, source in self.sources.items():

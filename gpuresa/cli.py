@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "gpuresa.commands.template_commands",
     "gpuresa.commands.session_commands",
     "gpuresa.commands.daemon_commands",
+    "gpuresa.commands.bench_commands",
     "gpuresa.commands.output_commands",
 )
 

@@ -73,6 +73,11 @@ def _gpu_indices(value: tuple[int, ...] | str) -> str | None:
     return None
 
 
+def _at_least_a_day(value: timedelta) -> str | None:
+    # the journal must remember what the calendars' window still shows
+    return None if value >= timedelta(days=1) else "must be at least 1d"
+
+
 @dataclass(frozen=True)
 class DaemonConfig:
     """[daemon]: this machine's role and the service's timing."""
@@ -83,11 +88,14 @@ class DaemonConfig:
     prepare_ahead: timedelta = timedelta(minutes=5)
     stop_grace: timedelta = timedelta(seconds=30)
     cancel_grace: timedelta = timedelta(minutes=5)
+    # a poll that loses most bookings with a session is believed only after this long
+    vanish_confirm: timedelta = Field(timedelta(minutes=15), check=positive_duration)
     orphan_grace: timedelta = timedelta(minutes=10)
     warnings: tuple[timedelta, ...] = Field(
         (timedelta(minutes=15), timedelta(minutes=5)), check=_durations_positive
     )
     docker_retry_max: timedelta = Field(timedelta(minutes=1), check=positive_duration)
+    journal_retention: timedelta = Field(timedelta(days=180), check=_at_least_a_day)
 
 
 @dataclass(frozen=True)
@@ -240,6 +248,7 @@ class NotifyConfig:
     sender: str = "gpuresa@localhost"
     admin: str | None = None
     timeout: timedelta = Field(timedelta(seconds=20), check=positive_duration)
+    give_up_after: timedelta = Field(timedelta(days=3), check=positive_duration)
 
 
 @dataclass(frozen=True)

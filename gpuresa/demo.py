@@ -195,6 +195,7 @@ def run_demo(root: Path, start_in: timedelta, length: timedelta) -> None:
     print(f"gpuresa demo: files in {files.root} (run as {getpass.getuser()})")
     print(f"gpuresa demo: building the {DEMO_TEMPLATE} template on {BASE_IMAGE} if needed…")
     image = runtime.ensure_image(DEMO_TEMPLATE, None)
+    runtime.ensure_ftp_image()
     print(f"gpuresa demo: image {image} ready")
     start = (now + start_in).replace(microsecond=0)
     print(

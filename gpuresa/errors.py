@@ -21,3 +21,11 @@ class ConfigError(UserError):
         count = len(problems)
         noun = "problem" if count == 1 else "problems"
         super().__init__(f"{source}: {count} {noun} in the configuration:\n{listing}")
+
+
+class EventError(Exception):
+    """A calendar event (or one of its values) that cannot be read; the message says why.
+
+    Not a `UserError`: it never stops a command, it becomes the reason a
+    booking is refused, told to whoever booked it.
+    """

@@ -19,20 +19,33 @@ icalendar, recurring-ical-events and dateutil as oracles.
 
 What is read, and how:
 
-- Lines are unfolded; a property line is ``NAME;PARAM=value:value``. A line
-  that is not spoils only the VEVENT it is in; a broken structure (BEGIN/END
-  that do not pair, text that is not iCalendar) spoils the whole object.
-- Times: TZID names (IANA, Windows as Outlook writes them, or
-  ``/vendor/Area/City``), else the object's VTIMEZONE of that TZID; UTC;
-  floating times in the calendar's X-WR-TIMEZONE (Google), else the site zone;
-  a calendar with X-WR-TIMEZONE also repeats its UTC series in that zone, as
-  Google means it. All-day events run from 00:00 to 00:00 in the site zone.
+- Lines are unfolded (after blank lines too); a property line is
+  ``NAME;PARAM=value:value``. A line that is not spoils only the VEVENT it is
+  in (another app's X- line is passed over); a broken structure (BEGIN/END
+  that do not pair, text that is not iCalendar) spoils the whole object; text
+  after the last END:VCALENDAR is passed over.
+- An event without UID (a feed may leave it out) gets a key derived from its
+  content (`Component.uid`), and says so (`Component.uid_derived`).
+- Times: TZID names (IANA, Windows IDs and display names as Outlook writes
+  them, or ``/vendor/Area/City``), else the object's VTIMEZONE of that TZID;
+  UTC; floating times in the calendar's X-WR-TIMEZONE (Google), else the site
+  zone; a calendar with X-WR-TIMEZONE also repeats its UTC series in that
+  zone, as Google means it. All-day events run from 00:00 to 00:00 in the
+  site zone; a date beside a date-time (DTSTART and DTEND of different kinds)
+  is its 00:00 in the date-time's zone.
 - Recurrence: RRULE (DAILY, WEEKLY, MONTHLY, YEARLY with INTERVAL, COUNT,
   UNTIL, BYDAY, BYMONTHDAY, BYMONTH, BYSETPOS, BYHOUR, BYMINUTE, BYSECOND,
   WKST), RDATE (dates, times, periods), EXDATE, and RECURRENCE-ID overrides
-  (moved or cancelled occurrences, RANGE=THISANDFUTURE too). Rules that repeat
+  (moved or cancelled occurrences, RANGE=THISANDFUTURE too, on all-day series
+  by days). A date-time UNTIL on an all-day series counts in UTC, as the
+  reference readers take it. Rules that repeat
   more often than daily, BYYEARDAY and BYWEEKNO are refused with a reason: no
   booking app writes them.
+
+Where it lives: `gpuresa.calendar_text` reads the lines into components,
+`gpuresa.zones` turns TZIDs into zones, `gpuresa.recurrence` expands RRULEs;
+this module turns values into times and events into occurrences, and keeps
+the public names of all four.
 
 What it costs: an object is read once per content (`parse_object` caches),
 and what is computed from an event alone is kept with it, so a later poll of
@@ -45,443 +58,74 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta, tzinfo
 from typing import NamedTuple
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from gpuresa.calendar_text import (
+    Component,
+    ObjectContext,
+    ParsedObject,
+    Property,
+    decode,
+    parse_object,
+    unescape_text,
+)
+from gpuresa.errors import EventError
+from gpuresa.recurrence import (
+    MAX_OCCURRENCES_IN_WINDOW,
+    MAX_PERIODS,
+    Rule,
+    expand_rule,
+    read_rule,
+)
+from gpuresa.zones import Zones, named_zone, zone_for
+
+__all__ = [
+    "MAX_DATES_IN_LIST",
+    "MAX_OCCURRENCES_IN_WINDOW",
+    "MAX_PERIODS",
+    "MAX_RULES",
+    "Component",
+    "Duration",
+    "EventError",
+    "ObjectContext",
+    "Occurrence",
+    "ParsedObject",
+    "Problem",
+    "Property",
+    "Rule",
+    "Zones",
+    "add_duration",
+    "decode",
+    "expand",
+    "expand_rule",
+    "localize",
+    "outside_window",
+    "parse_object",
+    "read_duration",
+    "read_rule",
+    "read_stamp",
+    "read_time",
+    "read_times",
+    "recurrence_text",
+    "unescape_text",
+    "zone_for",
+]
 
 # Work limits: what a hostile or broken calendar may cost before it is refused.
-MAX_OCCURRENCES_IN_WINDOW = 1000
-MAX_PERIODS = 100_000
 MAX_RULES = 4
 MAX_DATES_IN_LIST = 1000
 
-_FOLD = re.compile(r"\n[ \t]")
 _DATE = re.compile(r"(\d{4})(\d{2})(\d{2})")
 _DATE_TIME = re.compile(r"(\d{4})(\d{2})(\d{2})T(\d{2})(\d{2})(\d{2})(Z?)")
 _DURATION = re.compile(
     r"([+-]?)P(?:(\d{1,6})W)?(?:(\d{1,6})D)?(?:T(?:(\d{1,7})H)?(?:(\d{1,9})M)?(?:(\d{1,10})S)?)?"
 )
-_TEXT_ESCAPE = re.compile(r"\\(.)", re.DOTALL)
-_TEXT_UNESCAPED = {"n": "\n", "N": "\n"}
-_WEEKDAYS = {"MO": 0, "TU": 1, "WE": 2, "TH": 3, "FR": 4, "SA": 5, "SU": 6}
-_BY_DAY = re.compile(r"([+-]?)(\d{1,2})?(MO|TU|WE|TH|FR|SA|SU)")
-_NOT_DAILY = ("SECONDLY", "MINUTELY", "HOURLY")
-_FREQUENCIES = ("DAILY", "WEEKLY", "MONTHLY", "YEARLY")
-
-
-class EventError(Exception):
-    """An event (or one of its values) that cannot be read; the message says why."""
-
-
-# --- reading the text ---------------------------------------------------------------
-
-
-class Property(NamedTuple):
-    """One property line: its raw parameters and its raw (still escaped) value."""
-
-    parameters: str
-    value: str
-
-    def parameter(self, name: str) -> str | None:
-        """The value of parameter `name` (upper case), quotes removed; None when absent."""
-        if not self.parameters:
-            return None
-        return _parameters(self.parameters).get(name)
-
-
-class ObjectContext(NamedTuple):
-    """What the events of one calendar object share: its time zone definitions."""
-
-    timezones: dict[str, str]
-    calendar_zone: str | None
-
-
-class Component:
-    """A VEVENT: its properties by upper-case name, in file order.
-
-    `problem` says why the event cannot be read, when a line of it is broken.
-    """
-
-    __slots__ = ("context", "derived", "position", "problem", "properties")
-
-    def __init__(
-        self,
-        context: ObjectContext,
-        position: int,
-        properties: dict[str, list[Property]] | None = None,
-        problem: str | None = None,
-    ) -> None:
-        self.context = context
-        self.position = position
-        self.properties: dict[str, list[Property]] = properties if properties is not None else {}
-        self.problem = problem
-        # what is computed from the event alone (its timing, its rules), kept with it:
-        # a component lives in the parse cache as long as its calendar object is unchanged
-        self.derived: dict[object, object] = {}
-
-    def __repr__(self) -> str:
-        return f"Component(uid={self.uid!r}, position={self.position})"
-
-    def first(self, name: str) -> Property | None:
-        """The first `name` property, or None."""
-        values = self.properties.get(name)
-        return values[0] if values else None
-
-    def all(self, name: str) -> list[Property]:
-        """Every `name` property, in file order (empty when none)."""
-        return self.properties.get(name, [])
-
-    def text(self, name: str) -> str | None:
-        """The first `name` property as unescaped TEXT, or None when absent."""
-        found = self.first(name)
-        return None if found is None else unescape_text(found.value)
-
-    @property
-    def uid(self) -> str | None:
-        """The UID, stripped; None when absent or empty."""
-        found = self.first("UID")
-        if found is None:
-            return None
-        return found.value.strip() or None
-
-
-class ParsedObject(NamedTuple):
-    """One calendar object read: its VEVENTs, or the reason it cannot be read at all."""
-
-    events: tuple[Component, ...]
-    problem: str | None = None
-
-
-def unescape_text(value: str) -> str:
-    r"""A TEXT value with its escapes (\n, \N, \, \; \\) replaced by what they stand for."""
-    if "\\" not in value:
-        return value
-    return _TEXT_ESCAPE.sub(lambda match: _TEXT_UNESCAPED.get(match[1], match[1]), value)
-
-
-@functools.lru_cache(maxsize=4096)
-def _parameters(raw: str) -> dict[str, str]:
-    """`A=1;B="x;y"` -> {"A": "1", "B": "x;y"}; names upper case, quotes removed."""
-    result: dict[str, str] = {}
-    for part in _split_outside_quotes(raw, ";"):
-        name, equals, value = part.partition("=")
-        if not equals:
-            continue
-        result.setdefault(name.strip().upper(), value.replace('"', ""))
-    return result
-
-
-def _split_outside_quotes(text: str, separator: str) -> list[str]:
-    if '"' not in text:
-        return text.split(separator)
-    parts: list[str] = []
-    current: list[str] = []
-    quoted = False
-    for character in text:
-        if character == '"':
-            quoted = not quoted
-        if character == separator and not quoted:
-            parts.append("".join(current))
-            current = []
-        else:
-            current.append(character)
-    parts.append("".join(current))
-    return parts
-
-
-def _split_line(line: str) -> tuple[str, str, str] | None:
-    """`NAME;PARAMS:value` -> (NAME upper case, PARAMS, value); None when not a property."""
-    colon = line.find(":")
-    if colon <= 0:
-        return None
-    quote = line.find('"')
-    if 0 <= quote < colon:
-        # a quoted parameter value may hold ':' (ALTREP="http://..."); find the first outside
-        quoted = False
-        colon = -1
-        for index, character in enumerate(line):
-            if character == '"':
-                quoted = not quoted
-            elif character == ":" and not quoted:
-                colon = index
-                break
-        if colon <= 0:
-            return None
-    head = line[:colon]
-    semicolon = head.find(";")
-    if semicolon < 0:
-        return head.upper(), "", line[colon + 1 :]
-    if semicolon == 0:
-        return None
-    return head[:semicolon].upper(), head[semicolon + 1 :], line[colon + 1 :]
-
-
-def decode(data: str | bytes) -> str:
-    """Calendar bytes as text: UTF-8 (a BOM dropped), undecodable bytes replaced."""
-    if isinstance(data, bytes):
-        data = data.decode("utf-8", errors="replace")
-    return data.removeprefix("\ufeff")
-
-
-# read objects kept by content: about 4 kB each; a changed object's old reading ages out
-PARSE_CACHE_SIZE = 32_768
-
-
-@functools.lru_cache(maxsize=PARSE_CACHE_SIZE)
-def parse_object(data: str | bytes) -> ParsedObject:
-    """Read one calendar object (one or more VCALENDARs) into its VEVENTs.
-
-    Given the object's text, returns its VEVENTs, each marked with the problem
-    that spoils it (if any), or a `ParsedObject` whose `problem` says why the
-    object as a whole cannot be read. Never raises for any input. Results are
-    cached by content: an unchanged object is read once.
-    """
-    text = decode(data)
-    if "\r" in text:
-        text = text.replace("\r\n", "\n").replace("\r", "\n")
-    timezones: dict[str, str] = {}
-    lines = _cut_timezones(_FOLD.sub("", text), timezones).split("\n")
-    events: list[Component] = []
-    # what the parser is inside: [] outside, ["VCALENDAR"], ["VCALENDAR", "VEVENT"], ...
-    stack: list[str] = []
-    calendar_zone: str | None = None
-    pending: list[Component] = []
-    timezone_lines: list[str] = []
-    timezone_id: str | None = None
-    context = ObjectContext(timezones, None)
-    event: Component | None = None
-    index = -1
-    count = len(lines)
-    while index + 1 < count:
-        index += 1
-        line = lines[index]
-        if not line:
-            continue  # blank, or where a VTIMEZONE was taken out
-        head, colon, rest = line.partition(":")
-        if colon and head and '"' not in head and ";" not in head:
-            # the common case: NAME:value, no parameters
-            parts: tuple[str, str, str] | None = (head.upper(), "", rest)
-        elif line.isspace():
-            continue
-        else:
-            parts = _split_line(line)
-        if parts is None:
-            if event is not None and len(stack) == 2:
-                # a broken line spoils its event only
-                event.problem = event.problem or f"line {index + 1} is not a 'NAME:value' property"
-            elif not stack:
-                return ParsedObject((), _not_icalendar(index + 1, line))
-            continue
-        name, parameters, value = parts
-        if name == "BEGIN":
-            component = value.strip().upper()
-            if not stack:
-                if component != "VCALENDAR":
-                    return ParsedObject((), f"line {index + 1}: expected BEGIN:VCALENDAR")
-                calendar_zone = None
-            elif len(stack) == 1 and component == "VEVENT":
-                event = Component(context, len(events) + len(pending) + 1)
-                # the usual event (no alarm, no broken line) is read in one tight loop
-                end = _read_plain_event(lines, index, event)
-                if end is not None:
-                    pending.append(event)
-                    event = None
-                    index = end
-                    continue
-            elif len(stack) == 1 and component == "VTIMEZONE":
-                # one _cut_timezones left in place: read line by line
-                timezone_lines = []
-                timezone_id = None
-            stack.append(component)
-            if len(stack) > 1 and stack[1] == "VTIMEZONE":
-                timezone_lines.append(line)
-            if len(stack) > 20:
-                return ParsedObject((), f"line {index + 1}: components nested too deep")
-            continue
-        if name == "END":
-            component = value.strip().upper()
-            if not stack or stack[-1] != component:
-                inside = stack[-1] if stack else "nothing"
-                return ParsedObject(
-                    (), f"line {index + 1}: END:{component[:40]} inside {inside[:40]}"
-                )
-            if len(stack) > 1 and stack[1] == "VTIMEZONE":
-                timezone_lines.append(line)
-            stack.pop()
-            if len(stack) == 1 and component == "VEVENT" and event is not None:
-                pending.append(event)
-                event = None
-            elif len(stack) == 1 and component == "VTIMEZONE" and timezone_id:
-                timezones.setdefault(timezone_id, "\r\n".join(timezone_lines) + "\r\n")
-            elif not stack:
-                # one VCALENDAR done: its events share its X-WR-TIMEZONE
-                finished = ObjectContext(timezones, calendar_zone)
-                for item in pending:
-                    item.context = finished
-                events.extend(pending)
-                pending = []
-            continue
-        if not stack:
-            return ParsedObject((), _not_icalendar(index + 1, line))
-        depth = len(stack)
-        if depth == 2 and event is not None and stack[1] == "VEVENT":
-            properties = event.properties
-            if name in properties:
-                properties[name].append(Property(parameters, value))
-            else:
-                properties[name] = [Property(parameters, value)]
-        elif depth == 1 and name == "X-WR-TIMEZONE":
-            calendar_zone = unescape_text(value).strip() or None
-        elif depth >= 2 and stack[1] == "VTIMEZONE":
-            timezone_lines.append(line)
-            if depth == 2 and name == "TZID":
-                timezone_id = value.strip()
-    if stack:
-        return ParsedObject((), f"the text ends inside {stack[-1][:40]} (cut short?)")
-    if not events and not any(line.strip() for line in lines):
-        return ParsedObject((), "the object is empty")
-    return ParsedObject(tuple(events))
-
-
-def _read_plain_event(lines: list[str], begin: int, event: Component) -> int | None:
-    """The properties of a VEVENT without subcomponents or broken lines, in one pass.
-
-    Given the lines and the index of BEGIN:VEVENT, fills `event` and returns
-    the index of its END:VEVENT; returns None (leaving `event` alone) when the
-    event holds anything else, for the line-by-line reader to handle.
-    """
-    try:
-        end = lines.index("END:VEVENT", begin)
-    except ValueError:
-        return None
-    properties: dict[str, list[Property]] = {}
-    make = tuple.__new__  # a Property without the Python-level __new__: this loop is hot
-    for line in lines[begin + 1 : end]:
-        head, colon, value = line.partition(":")
-        if not colon or not head:
-            return None
-        if '"' in head:
-            parts = _split_line(line)
-            if parts is None:
-                return None
-            name, parameters, value = parts
-        else:
-            name, _, parameters = head.partition(";")
-            if not name:
-                return None
-            name = name.upper()
-        if name == "BEGIN" or name == "END":
-            return None
-        found = properties.get(name)
-        if found is None:
-            properties[name] = [make(Property, (parameters, value))]
-        else:
-            found.append(make(Property, (parameters, value)))
-    event.properties = properties
-    return end
-
-
-def _cut_timezones(text: str, timezones: dict[str, str]) -> str:
-    """Take the VTIMEZONEs written the usual way out of the text, in a few string searches.
-
-    Their definitions go into `timezones` by TZID (only a zone no name
-    identifies is ever built from one); each is replaced by as many empty
-    lines, so line numbers in messages stay right. Anything unusual is left
-    in place for the line-by-line reader.
-    """
-    marker = "\nBEGIN:VTIMEZONE\n"
-    start = text.find(marker)
-    if start < 0:
-        return text
-    pieces: list[str] = []
-    position = 0
-    while start >= 0:
-        end = text.find("\nEND:VTIMEZONE\n", start + 1)
-        if end < 0:
-            break
-        block = text[start + 1 : end + 14]
-        if "BEGIN:VEVENT" in block or "END:VCALENDAR" in block or block.count("BEGIN:VTIMEZ") > 1:
-            break
-        begin = block.find("\nTZID")
-        parts = _split_line(block[begin + 1 : block.find("\n", begin + 1)]) if begin > 0 else None
-        if parts is not None and parts[0] == "TZID" and parts[2].strip():
-            timezones.setdefault(parts[2].strip(), block.replace("\n", "\r\n") + "\r\n")
-        pieces.append(text[position : start + 1])
-        pieces.append("\n" * block.count("\n"))
-        position = end + 14
-        start = text.find(marker, position - 1)
-    pieces.append(text[position:])
-    return "".join(pieces)
-
-
-def _not_icalendar(number: int, line: str) -> str:
-    shown = line[:40].encode("ascii", "backslashreplace").decode("ascii")
-    return f"not iCalendar text (line {number} reads {shown!r})"
 
 
 # --- time values --------------------------------------------------------------------------
-
-
-@functools.lru_cache(maxsize=1024)
-def _named_zone(name: str) -> tzinfo | None:
-    """The zone a TZID names: IANA, Windows, or "/vendor/.../Area/City"; None if none."""
-    from icalendar.timezone.windows_to_olson import WINDOWS_TO_OLSON
-
-    candidates = [name.strip().strip('"').strip("/")]
-    windows = WINDOWS_TO_OLSON.get(candidates[0])
-    if windows:
-        candidates.append(windows)
-    parts = candidates[0].split("/")
-    candidates.extend("/".join(parts[start:]) for start in range(1, len(parts)))
-    for candidate in candidates:
-        if not candidate or len(candidate) > 100 or ".." in candidate:
-            continue
-        try:
-            return ZoneInfo(candidate)
-        except (ZoneInfoNotFoundError, ValueError, OSError, TypeError):
-            continue
-    return None
-
-
-@functools.lru_cache(maxsize=256)
-def _defined_zone(definition: str) -> tzinfo | None:
-    """A zone built by icalendar from a VTIMEZONE's text; None when it cannot be built."""
-    import icalendar
-
-    try:
-        component = icalendar.Timezone.from_ical(definition)
-        built: tzinfo = component.to_tz(lookup_tzid=False)  # type: ignore[attr-defined]
-        # a zone that cannot convert is no zone (icalendar builds some that fail later)
-        datetime(2026, 1, 1, tzinfo=built).utcoffset()
-        datetime(2026, 7, 1, tzinfo=built).utcoffset()
-    except Exception:  # icalendar and dateutil raise many kinds for a bad definition
-        return None
-    return built
-
-
-def zone_for(tzid: str, context: ObjectContext) -> tzinfo:
-    """The zone of a TZID parameter; raises `EventError` when nothing defines it."""
-    zone = _named_zone(tzid)
-    if zone is not None:
-        return zone
-    definition = context.timezones.get(tzid)
-    if definition is not None:
-        zone = _defined_zone(definition)
-        if zone is not None:
-            return zone
-        raise EventError(f"the time zone {tzid[:60]!r} is defined in a way that cannot be read")
-    raise EventError(f"unknown time zone {tzid[:60]!r} (no VTIMEZONE defines it)")
-
-
-@dataclass(frozen=True, slots=True)
-class Zones:
-    """Where times without a zone belong: the site zone and the calendar's own."""
-
-    site: tzinfo
-    # X-WR-TIMEZONE of the object's calendar: floating times and UTC series live there
-    calendar: tzinfo | None = None
 
 
 def read_time(
@@ -527,7 +171,7 @@ def read_time(
         return wall.replace(tzinfo=UTC)
     tzid = parameters.parameter("TZID") if parameters is not None else None
     if tzid:
-        return wall.replace(tzinfo=zone_for(tzid, context))
+        return wall.replace(tzinfo=zone_for(tzid, context.timezones))
     return wall.replace(tzinfo=zones.calendar or zones.site)
 
 
@@ -542,6 +186,9 @@ def read_times(
     for value in values:
         if "/" in value:
             start_text, _, end_text = value.partition("/")
+            if _DATE.fullmatch(start_text.strip()):
+                # RFC 5545 §3.3.9: a period is bounded by date-times, never by dates
+                raise EventError(f"{property_name} period {value[:40]!r} must start at a time")
             start = read_time(property_name, start_text, found, context, zones)
             if not isinstance(start, datetime):
                 raise EventError(f"{property_name} period {value[:40]!r} must start at a time")
@@ -605,338 +252,6 @@ def recurrence_text(value: date | datetime) -> str:
     return f"{value.year:04}{value.month:02}{value.day:02}"
 
 
-# --- recurrence rules -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Rule:
-    """An RRULE read into plain values (weekdays 0 = Monday, as `date.weekday()`)."""
-
-    frequency: str
-    interval: int = 1
-    count: int | None = None
-    until: datetime | None = None  # wall clock of the series, inclusive
-    by_month: tuple[int, ...] = ()
-    by_month_day: tuple[int, ...] = ()
-    by_day: tuple[tuple[int, int], ...] = ()  # (ordinal or 0, weekday)
-    by_hour: tuple[int, ...] = ()
-    by_minute: tuple[int, ...] = ()
-    by_second: tuple[int, ...] = ()
-    by_set_position: tuple[int, ...] = ()
-    week_start: int = 0
-
-
-def _integers(
-    name: str, text: str, low: int, high: int, *, signed: bool = False
-) -> tuple[int, ...]:
-    values = []
-    for item in text.split(","):
-        item = item.strip()
-        if not re.fullmatch(r"[+-]?\d{1,4}" if signed else r"\d{1,4}", item):
-            raise EventError(f"RRULE {name}={text[:40]} is not a list of numbers")
-        number = int(item)
-        if not (low <= abs(number) <= high) or (signed is False and number < low):
-            raise EventError(f"RRULE {name}={text[:40]}: {number} is out of range")
-        values.append(number)
-    return tuple(values)
-
-
-def read_rule(text: str, until_reader: Callable[[str], datetime], all_day: bool) -> Rule:
-    """Read an RRULE value; raises `EventError` with what is wrong or unsupported.
-
-    `until_reader` turns the UNTIL value into the series' wall clock (the
-    caller knows the series' zone).
-    """
-    parts: dict[str, str] = {}
-    for item in text.strip().split(";"):
-        if not item.strip():
-            continue
-        name, equals, value = item.partition("=")
-        name = name.strip().upper()
-        if not equals or not value.strip():
-            raise EventError(f"RRULE part {item[:40]!r} has no value")
-        if name in parts:
-            raise EventError(f"RRULE names {name} twice")
-        parts[name] = value.strip().upper()
-    frequency = parts.pop("FREQ", None)
-    if frequency is None:
-        raise EventError("RRULE has no FREQ")
-    if frequency in _NOT_DAILY:
-        raise EventError(f"RRULE repeats {frequency.lower()}; a booking repeats at most daily")
-    if frequency not in _FREQUENCIES:
-        raise EventError(f"RRULE FREQ={frequency[:20]} is not a frequency")
-    values: dict[str, object] = {"frequency": frequency}
-    for name, value in parts.items():
-        if name == "INTERVAL":
-            values["interval"] = _integers(name, value, 1, 9999)[0]
-        elif name == "COUNT":
-            values["count"] = _integers(name, value, 1, 9999)[0]
-        elif name == "UNTIL":
-            values["until"] = until_reader(value)
-        elif name == "BYMONTH":
-            values["by_month"] = _integers(name, value, 1, 12)
-        elif name == "BYMONTHDAY":
-            values["by_month_day"] = _integers(name, value, 1, 31, signed=True)
-        elif name == "BYHOUR":
-            values["by_hour"] = _integers(name, value, 0, 23)
-        elif name == "BYMINUTE":
-            values["by_minute"] = _integers(name, value, 0, 59)
-        elif name == "BYSECOND":
-            values["by_second"] = _integers(name, value, 0, 59)
-        elif name == "BYSETPOS":
-            values["by_set_position"] = _integers(name, value, 1, 366, signed=True)
-        elif name == "WKST":
-            if value not in _WEEKDAYS:
-                raise EventError(f"RRULE WKST={value[:10]} is not a weekday")
-            values["week_start"] = _WEEKDAYS[value]
-        elif name == "BYDAY":
-            days = []
-            for item in value.split(","):
-                match = _BY_DAY.fullmatch(item.strip())
-                if match is None:
-                    raise EventError(f"RRULE BYDAY={value[:40]} is not a list of weekdays")
-                ordinal = int(match[2] or 0) * (-1 if match[1] == "-" else 1)
-                if match[2] is not None and not 1 <= int(match[2]) <= 53:
-                    raise EventError(f"RRULE BYDAY={value[:40]}: ordinal out of range")
-                days.append((ordinal, _WEEKDAYS[match[3]]))
-            values["by_day"] = tuple(days)
-        elif name in ("BYYEARDAY", "BYWEEKNO"):
-            raise EventError(f"RRULE {name} is not supported (no booking app writes it)")
-        elif not name.startswith("X-"):
-            raise EventError(f"RRULE part {name[:20]} is not known")
-    rule = Rule(**values)  # type: ignore[arg-type]
-    if rule.count is not None and rule.until is not None:
-        raise EventError("RRULE has both COUNT and UNTIL")
-    has_ordinal = any(ordinal for ordinal, _ in rule.by_day)
-    if has_ordinal and rule.frequency in ("DAILY", "WEEKLY"):
-        raise EventError("RRULE BYDAY with a number only fits MONTHLY or YEARLY")
-    if has_ordinal and rule.by_month_day:
-        raise EventError("RRULE BYDAY with a number cannot be combined with BYMONTHDAY")
-    if rule.frequency == "MONTHLY" and any(abs(ordinal) > 5 for ordinal, _ in rule.by_day):
-        raise EventError("RRULE BYDAY: a month has at most 5 of each weekday")
-    if rule.frequency == "WEEKLY" and rule.by_month_day:
-        raise EventError("RRULE BYMONTHDAY does not fit FREQ=WEEKLY")
-    if all_day and (rule.by_hour or rule.by_minute or rule.by_second):
-        raise EventError("an all-day series cannot repeat by hour, minute or second")
-    return rule
-
-
-def _month_days(year: int, month: int) -> int:
-    if month == 12:
-        return 31
-    return (date(year, month + 1, 1) - date(year, month, 1)).days
-
-
-def _days_of_month(rule: Rule, year: int, month: int, start: datetime) -> list[date]:
-    """The days of one month that a MONTHLY (or YEARLY by month) rule picks."""
-    length = _month_days(year, month)
-    if rule.by_month_day:
-        chosen = sorted({day if day > 0 else length + day + 1 for day in rule.by_month_day})
-        days = [date(year, month, day) for day in chosen if 1 <= day <= length]
-        if rule.by_day:
-            weekdays = {weekday for _, weekday in rule.by_day}
-            days = [day for day in days if day.weekday() in weekdays]
-        return days
-    if rule.by_day:
-        return sorted(set(_weekdays_in(rule.by_day, date(year, month, 1), length)))
-    if start.day <= length:
-        return [date(year, month, start.day)]
-    return []  # the 31st in a 30-day month: no occurrence (RFC 5545)
-
-
-def _weekdays_in(by_day: tuple[tuple[int, int], ...], first: date, length: int) -> Iterator[date]:
-    """The days of a span (a month or a year) that BYDAY picks; ordinals count in the span."""
-    for ordinal, weekday in by_day:
-        offset = (weekday - first.weekday()) % 7
-        matching = list(range(offset, length, 7))
-        if ordinal == 0:
-            chosen = matching
-        elif ordinal > 0:
-            chosen = matching[ordinal - 1 : ordinal] if ordinal <= len(matching) else []
-        else:
-            chosen = [matching[ordinal]] if -ordinal <= len(matching) else []
-        for day in chosen:
-            yield first + timedelta(days=day)
-
-
-def _days_picker(rule: Rule, start: datetime) -> Callable[[date], list[date]]:
-    """The function giving the days a rule picks in the period beginning on a day.
-
-    The plain cases (a daily rule without filters, a weekly one by weekday)
-    get their work done once here, since they are what bookings repeat by.
-    """
-    if rule.frequency == "DAILY" and not (rule.by_month or rule.by_month_day or rule.by_day):
-        return lambda first: [first]
-    if rule.frequency == "WEEKLY" and not rule.by_month:
-        weekdays = [weekday for _, weekday in rule.by_day] or [start.weekday()]
-        offsets = [
-            timedelta(days=offset)
-            for offset in sorted({(weekday - rule.week_start) % 7 for weekday in weekdays})
-        ]
-        return lambda first: [first + offset for offset in offsets]
-    return lambda first: _period_days(rule, first, start)
-
-
-def _period_days(rule: Rule, first: date, start: datetime) -> list[date]:
-    """The days of the period beginning on `first` that the rule picks, before BYSETPOS."""
-    if rule.frequency == "DAILY":
-        return _daily_days(rule, first)
-    if rule.frequency == "WEEKLY":
-        weekdays = [weekday for _, weekday in rule.by_day] or [start.weekday()]
-        week = {first + timedelta(days=(weekday - rule.week_start) % 7) for weekday in weekdays}
-        return sorted(day for day in week if not rule.by_month or day.month in rule.by_month)
-    if rule.frequency == "MONTHLY":
-        if rule.by_month and first.month not in rule.by_month:
-            return []
-        return _days_of_month(rule, first.year, first.month, start)
-    return _yearly_days(rule, first.year, start)
-
-
-def _daily_days(rule: Rule, day: date) -> list[date]:
-    """A DAILY rule's day, unless BYMONTH, BYMONTHDAY or BYDAY leave it out."""
-    if rule.by_month and day.month not in rule.by_month:
-        return []
-    if rule.by_month_day:
-        length = _month_days(day.year, day.month)
-        if not any(
-            (wanted if wanted > 0 else length + wanted + 1) == day.day
-            for wanted in rule.by_month_day
-        ):
-            return []
-    if rule.by_day and day.weekday() not in {weekday for _, weekday in rule.by_day}:
-        return []
-    return [day]
-
-
-def _yearly_days(rule: Rule, year: int, start: datetime) -> list[date]:
-    """The days of one year that a YEARLY rule picks (BYDAY counts in the year or month)."""
-    if rule.by_day and not rule.by_month_day and not rule.by_month:
-        first = date(year, 1, 1)
-        return sorted(set(_weekdays_in(rule.by_day, first, (date(year + 1, 1, 1) - first).days)))
-    months: Iterable[int]
-    if rule.by_month:
-        months = sorted(set(rule.by_month))
-    elif rule.by_month_day:
-        months = range(1, 13)
-    else:
-        months = [start.month]
-    days: list[date] = []
-    for month in months:
-        days.extend(_days_of_month(rule, year, month, start))
-    return days
-
-
-def _week_start(day: date, week_start: int) -> date:
-    return day - timedelta(days=(day.weekday() - week_start) % 7)
-
-
-def _period_index(rule: Rule, start: datetime, moment: datetime) -> int:
-    """Which period (counted from the start's) holds `moment`."""
-    if rule.frequency == "DAILY":
-        return (moment.date() - start.date()).days
-    if rule.frequency == "WEEKLY":
-        return (
-            _week_start(moment.date(), rule.week_start) - _week_start(start.date(), rule.week_start)
-        ).days // 7
-    if rule.frequency == "MONTHLY":
-        return (moment.year - start.year) * 12 + moment.month - start.month
-    return moment.year - start.year
-
-
-def _period_first_day(rule: Rule, start: datetime, index: int) -> date:
-    if rule.frequency == "DAILY":
-        return start.date() + timedelta(days=index)
-    if rule.frequency == "WEEKLY":
-        return _week_start(start.date(), rule.week_start) + timedelta(weeks=index)
-    if rule.frequency == "MONTHLY":
-        year, month = divmod(start.year * 12 + start.month - 1 + index, 12)
-        return date(year, month + 1, 1)
-    return date(start.year + index, 1, 1)
-
-
-def expand_rule(rule: Rule, start: datetime, low: datetime, high: datetime) -> list[datetime]:
-    """The instances of `rule` from `start` that fall in [low, high], on the wall clock.
-
-    All three datetimes are naive wall-clock times of the series. DTSTART is
-    not returned (the caller adds it: it is always the first instance, and
-    counts towards COUNT). The work is bounded by the window: periods before it
-    are skipped when there is no COUNT, and a COUNT series may not start more
-    than `MAX_PERIODS` periods before it. Raises `EventError` past the limits.
-    """
-    found: list[datetime] = []
-    if start > high:
-        return found
-    hours = rule.by_hour or (start.hour,)
-    minutes = rule.by_minute or (start.minute,)
-    seconds = rule.by_second or (start.second,)
-    clock = sorted(
-        time(hour, minute, second) for hour in hours for minute in minutes for second in seconds
-    )
-    index = 0
-    if rule.count is None:
-        # no COUNT: nothing before the window's period matters; jump there
-        wanted = _period_index(rule, start, low)
-        if wanted > 0:
-            index = wanted - wanted % rule.interval
-    last_day = high.date() if rule.until is None else min(high.date(), rule.until.date())
-    days_of = _days_picker(rule, start)
-    # DAILY and WEEKLY periods follow each other by a fixed step; the others are computed
-    stepped = rule.frequency in ("DAILY", "WEEKLY")
-    step = timedelta(days=rule.interval * (7 if rule.frequency == "WEEKLY" else 1))
-    first_day = _period_first_day(rule, start, index)
-    produced = 1  # DTSTART
-    periods = 0
-    while True:
-        if not stepped:
-            first_day = _period_first_day(rule, start, index)
-        if first_day > last_day or first_day.year > 9998:
-            break
-        periods += 1
-        if periods > MAX_PERIODS:
-            raise EventError(
-                f"the series starts {MAX_PERIODS} repetitions or more before the window "
-                "(split it, or give it an UNTIL)"
-            )
-        days = days_of(first_day)
-        index += rule.interval
-        if stepped:
-            first_day += step
-        if not days:
-            continue
-        if len(clock) == 1:
-            moment = clock[0]
-            candidates = [datetime.combine(day, moment) for day in days]
-        else:
-            candidates = [datetime.combine(day, moment) for day in days for moment in clock]
-        if rule.by_set_position and candidates:
-            size = len(candidates)
-            candidates = sorted(
-                {
-                    candidates[position - 1 if position > 0 else size + position]
-                    for position in rule.by_set_position
-                    if position <= size and -position <= size
-                }
-            )
-        for candidate in candidates:
-            if candidate <= start:
-                continue
-            if rule.until is not None and candidate > rule.until:
-                return found
-            if rule.count is not None and produced >= rule.count:
-                return found
-            produced += 1
-            if candidate > high:
-                return found
-            if candidate >= low:
-                found.append(candidate)
-                if len(found) > MAX_OCCURRENCES_IN_WINDOW:
-                    raise EventError(
-                        f"the series has more than {MAX_OCCURRENCES_IN_WINDOW} "
-                        "occurrences in the window"
-                    )
-    return found
-
-
 # --- events to occurrences -------------------------------------------------------------------
 
 
@@ -979,6 +294,11 @@ class _Timing(NamedTuple):
 def _timing(component: Component, zones: Zones, fallback: _Timing | None = None) -> _Timing:
     """DTSTART with DTEND or DURATION; raises `EventError` when they cannot be read."""
     context = component.context
+    properties = component.properties
+    for name in ("DTSTART", "DTEND", "DURATION"):
+        if len(properties.get(name, ())) > 1:
+            # RFC 5545 §3.6.1: at most one; which one the booking means is a guess
+            raise EventError(f"the event has more than one {name}")
     found_start = component.first("DTSTART")
     if found_start is None:
         if fallback is None:
@@ -989,8 +309,12 @@ def _timing(component: Component, zones: Zones, fallback: _Timing | None = None)
     found_duration = component.first("DURATION")
     if found_end is not None:
         end = read_time("DTEND", found_end.value, found_end, context, zones)
-        if isinstance(start, datetime) != isinstance(end, datetime):
-            raise EventError("DTSTART and DTEND must both be dates or both be date-times")
+        # a date beside a date-time (RFC 5545 §3.8.2.2 wants the same kind): the date
+        # stands for its 00:00 in the other's zone, and the event is a timed one
+        if isinstance(end, datetime) and not isinstance(start, datetime):
+            start = datetime.combine(start, time(), end.tzinfo)
+        elif isinstance(start, datetime) and not isinstance(end, datetime):
+            end = datetime.combine(end, time(), start.tzinfo)
         if isinstance(start, datetime) and isinstance(end, datetime):
             exact = int((end - start).total_seconds())
             return _Timing(start, Duration(0, exact), end.astimezone(UTC))
@@ -1082,9 +406,8 @@ def expand(
             continue
         for component in parsed.events:
             uid = component.uid
-            if component.problem is not None or uid is None:
-                reason = component.problem or "the event has no UID"
-                problems.append(Problem(href, reason, uid=uid, component=component))
+            if component.problem is not None:
+                problems.append(Problem(href, component.problem, uid=uid, component=component))
                 continue
             group = groups.get(uid)
             if group is None:
@@ -1114,7 +437,7 @@ def _zones(context: ObjectContext, site_zone: tzinfo) -> Zones:
 def _zones_for(calendar_zone: str | None, site_zone: tzinfo) -> Zones:
     if calendar_zone is None:
         return Zones(site_zone)
-    return Zones(site_zone, _named_zone(calendar_zone))
+    return Zones(site_zone, named_zone(calendar_zone))
 
 
 def _add_to_group(group: _Group, component: Component, zones: Zones) -> None:
@@ -1164,10 +487,12 @@ def _expand_group(
             if _status(master) == "CANCELLED":
                 return  # a cancelled series cancels its exceptions too
             if master.all("RRULE") or master.all("RDATE"):
+                # RANGE=THISANDFUTURE overrides of the series' kind (dates or times)
                 future = sorted(
                     (original, component)
                     for component, original in group.overrides.values()
-                    if isinstance(original, datetime) and _is_this_and_future(component)
+                    if isinstance(original, datetime) != master_timing.all_day
+                    and _is_this_and_future(component)
                 )
                 _expand_series(
                     group,
@@ -1416,7 +741,7 @@ def _expand_series(
     site_zone: tzinfo,
     window_start: datetime,
     window_end: datetime,
-    future: list[tuple[datetime, Component]],
+    future: list[tuple[date, Component]],
     occurrences: list[Occurrence],
 ) -> None:
     """The instances of a recurring series that overlap the window; raises `EventError`."""
@@ -1432,7 +757,11 @@ def _expand_series(
         until = read_time("UNTIL", value, None, context, zones)
         if isinstance(until, datetime):
             if timing.all_day:
-                return datetime.combine(until.astimezone(site_zone).date(), time(23, 59, 59))
+                # a date-time UNTIL on a series of dates (RFC 5545 §3.3.10 wants a date):
+                # a day counts when its 00:00 on UNTIL's own clock (UTC for "Z") is not after
+                # it, as the reference readers take it
+                utc = value.strip().upper().endswith("Z")
+                return (until.astimezone(UTC) if utc else until).replace(tzinfo=None)
             return until.astimezone(zone).replace(tzinfo=None)
         return datetime.combine(until, time(23, 59, 59))
 
@@ -1487,12 +816,19 @@ def _expand_series(
         if recurrence_id in group.overrides:
             continue  # the override stands for it
         component = master
-        applying = [item for item in future if item[0] <= start] if future else []
-        if applying:
+        applying = [item for item in future if item[0] <= original] if future else []
+        if applying and timing.all_day:
+            # RANGE=THISANDFUTURE on days: later days move by as many days as the override
+            anchor, component = applying[-1]
+            moved = _timing(component, _zones(component.context, site_zone), timing)
+            if isinstance(moved.start, datetime):
+                raise EventError("a THISANDFUTURE override must start on a date, like its series")
+            start, end = _instance(moved, wall + (moved.start - anchor), zone, site_zone)
+        elif applying:
             # RANGE=THISANDFUTURE: this and later instances move and change with the override
             anchor, component = applying[-1]
             moved = _timing(component, _zones(component.context, site_zone), timing)
-            if not isinstance(moved.start, datetime):
+            if not isinstance(moved.start, datetime) or not isinstance(anchor, datetime):
                 raise EventError("a THISANDFUTURE override must start at a time, like its series")
             moved_start = moved.start.astimezone(UTC)
             if moved.end is not None:

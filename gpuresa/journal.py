@@ -8,7 +8,13 @@ holds:
 - each reservation's lifecycle state, and a row for every change of state;
 - every action with its result or error;
 - which notices were sent, so a restarted daemon never sends one twice;
+- the outbox: e-mails waiting to be sent (or sent), see `gpuresa.outbox`;
 - each calendar's freshness and a few daemon facts (`meta`).
+
+The file, its -wal and -shm companions and its folder are readable by root
+only (they hold users' addresses and bookings). `trim` forgets what is older
+than the retention. `gpuresa.journal_guard` opens the journal for the daemon:
+a damaged file is moved aside, and no failure of the journal ever raises.
 
 All instants are stored as ISO 8601 text in UTC (fixed width, so they sort as
 text) and come back as aware UTC datetimes. FTP passwords and other secrets are
@@ -21,12 +27,13 @@ to the current one, and opening a file applies the missing steps.
 from __future__ import annotations
 
 import hashlib
+import os
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
@@ -136,8 +143,84 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         """,
         "CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
     ),
+    (
+        # e-mails to send; a row is kept once sent (or dropped) until `trim`,
+        # so (key, kind) is sent once, also across restarts
+        """
+        CREATE TABLE outbox (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            key TEXT NOT NULL,
+            kind TEXT,
+            address TEXT NOT NULL,
+            subject TEXT NOT NULL,
+            body TEXT NOT NULL,
+            copy_admin INTEGER NOT NULL DEFAULT 0,
+            queued_at TEXT NOT NULL,
+            attempts INTEGER NOT NULL DEFAULT 0,
+            last_error TEXT,
+            next_try TEXT NOT NULL,
+            sent_at TEXT,
+            dropped_at TEXT
+        )
+        """,
+        # a NULL kind is never deduplicated (NULLs are distinct in a UNIQUE index)
+        "CREATE UNIQUE INDEX outbox_once ON outbox (key, kind)",
+        "CREATE INDEX outbox_unsent ON outbox (next_try) "
+        "WHERE sent_at IS NULL AND dropped_at IS NULL",
+        "CREATE INDEX reservations_by_end ON reservations (end_at)",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
+# what a journal of this version holds; a file that claims the version and lacks one is damaged
+TABLES = frozenset(
+    {
+        "schema_version",
+        "reservations",
+        "rejections",
+        "states",
+        "events",
+        "notifications",
+        "calendars",
+        "meta",
+        "outbox",
+    }
+)
+# the file and its folder: root only
+FILE_MODE = 0o600
+DIRECTORY_MODE = 0o700
+COMPANIONS = ("-wal", "-shm")
+
+
+class JournalUnusable(UserError):
+    """The file is not a journal this gpuresa can use: damaged, not a database,
+    or a schema that contradicts its version. Moving it aside and starting a
+    fresh one is safe."""
+
+
+class JournalTooNew(UserError):
+    """The journal was written by a newer gpuresa: it must be kept as it is."""
+
+
+@dataclass(frozen=True)
+class OutboxMessage:
+    """One e-mail of the outbox, as stored: what to send and how sending went so far.
+
+    `kind` is the deduplication key per reservation key (None: never
+    deduplicated). `sent_at` is None until the relay accepted it.
+    """
+
+    id: int
+    key: str
+    kind: str | None
+    address: str
+    subject: str
+    body: str
+    copy_admin: bool
+    queued_at: datetime
+    attempts: int
+    last_error: str | None
+    next_try: datetime
+    sent_at: datetime | None
 
 
 @dataclass(frozen=True)
@@ -203,6 +286,35 @@ def from_text(text: str) -> datetime:
     return instant.astimezone(UTC)
 
 
+def _damaged(error: BaseException) -> bool:
+    """Whether an SQLite error says the file's content is bad (not that it is busy,
+    full, read-only or missing): not a database, corrupt, or a schema that
+    contradicts itself ("table … already exists" is a plain SQLITE_ERROR)."""
+    name = getattr(error, "sqlite_errorname", "")
+    return name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")) or name == "SQLITE_ERROR"
+
+
+def _tighten(path: Path, mode: int) -> None:
+    """Give an existing `path` exactly `mode` (nothing happens if it is missing)."""
+    try:
+        if (path.stat().st_mode & 0o7777) != mode:
+            os.chmod(path, mode)
+    except FileNotFoundError:
+        pass
+
+
+def _private_file(path: Path) -> None:
+    """Make `path`'s folder (0700) and the file (0600) readable by root only, before SQLite
+    opens it, so the file never exists with a looser mode."""
+    path.parent.mkdir(mode=DIRECTORY_MODE, parents=True, exist_ok=True)
+    _tighten(path.parent, DIRECTORY_MODE)
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE)
+    os.close(descriptor)
+    _tighten(path, FILE_MODE)
+    for companion in COMPANIONS:
+        _tighten(Path(f"{path}{companion}"), FILE_MODE)
+
+
 def _optional_text(instant: datetime | None) -> str | None:
     return None if instant is None else to_text(instant)
 
@@ -219,15 +331,24 @@ class Journal:
     `gpuresa status` while the daemon runs) and raises `UserError` when it is
     missing. `timeout` is how long (seconds) to wait while another process
     holds the write lock. Raises `UserError` when the file cannot be opened or
-    was written by a newer gpuresa.
+    was written by a newer gpuresa (`JournalTooNew`) and `JournalUnusable`
+    when the file is damaged or is no journal. Written to, the file (with its
+    -wal and -shm) gets mode 0600 and its folder 0700, also when they exist
+    with looser modes. The path ":memory:" makes a journal that lives in
+    memory only (a last resort when no file can be written).
     """
 
     def __init__(self, path: Path, *, read_only: bool = False, timeout: float = 10.0) -> None:
         self.path = Path(path)
         self.read_only = read_only
+        self.in_memory = str(path) == ":memory:"
         self._lock = threading.RLock()
         try:
-            if read_only:
+            if self.in_memory:
+                self._connection = sqlite3.connect(
+                    ":memory:", isolation_level=None, check_same_thread=False
+                )
+            elif read_only:
                 if not self.path.exists():
                     raise UserError(
                         f"{self.path}: no journal yet (has the daemon run with this state_dir?)"
@@ -240,7 +361,7 @@ class Journal:
                     check_same_thread=False,
                 )
             else:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
+                _private_file(self.path)
                 self._connection = sqlite3.connect(
                     self.path,
                     timeout=timeout,
@@ -248,15 +369,22 @@ class Journal:
                     check_same_thread=False,
                 )
         except (sqlite3.Error, OSError) as error:
-            raise UserError(f"{self.path}: cannot open the journal: {error}") from None
+            unusable = JournalUnusable if _damaged(error) else UserError
+            raise unusable(f"{self.path}: cannot open the journal: {error}") from None
         try:
             self._prepare()
-        except sqlite3.DatabaseError as error:
+        except sqlite3.Error as error:
             self._connection.close()
-            raise UserError(f"{self.path}: cannot use the journal: {error}") from None
+            # a locked, full or read-only file is not damaged: it must stay where it is
+            unusable = JournalUnusable if _damaged(error) else UserError
+            raise unusable(f"{self.path}: cannot use the journal: {error}") from None
         except BaseException:
             self._connection.close()
             raise
+        if not read_only and not self.in_memory:
+            # SQLite made the companions with the file's mode; older ones may be looser
+            for companion in COMPANIONS:
+                _tighten(Path(f"{self.path}{companion}"), FILE_MODE)
 
     # --- opening, migrations ------------------------------------------------------
 
@@ -269,8 +397,12 @@ class Journal:
             return
         # WAL: readers in other processes never block the writer, nor it them.
         mode = connection.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-        if str(mode).lower() != "wal":
+        if str(mode).lower() != "wal" and not self.in_memory:
             raise UserError(f"{self.path}: SQLite refused WAL mode (got {mode!r})")
+        # a damaged page must be found now, while the file can still be set aside
+        problems = [str(row[0]) for row in connection.execute("PRAGMA quick_check(5)")]
+        if problems != ["ok"]:
+            raise JournalUnusable(f"{self.path}: the journal is damaged: {'; '.join(problems)}")
         # a committed transition must survive a power cut, not only kill -9
         connection.execute("PRAGMA synchronous = FULL")
         with self._transaction():
@@ -288,6 +420,15 @@ class Journal:
                 connection.execute(
                     "INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,)
                 )
+            tables = {
+                str(row[0])
+                for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            }
+            if not tables >= TABLES:
+                missing = ", ".join(sorted(TABLES - tables))
+                raise JournalUnusable(
+                    f"{self.path}: the journal says version {SCHEMA_VERSION} but lacks {missing}"
+                )
 
     def _version(self) -> int:
         try:
@@ -295,11 +436,15 @@ class Journal:
         except sqlite3.OperationalError:
             # a new, empty file (or one that is not a journal yet)
             return 0
-        return int(row[0]) if row else 0
+        if row is None:
+            return 0
+        if not isinstance(row[0], int) or row[0] < 0:
+            raise JournalUnusable(f"{self.path}: the journal's schema version is {row[0]!r}")
+        return row[0]
 
     def _refuse_version(self, version: int) -> None:
         if version > SCHEMA_VERSION:
-            raise UserError(
+            raise JournalTooNew(
                 f"{self.path}: the journal has schema version {version}, newer than this "
                 f"gpuresa knows ({SCHEMA_VERSION}); upgrade gpuresa"
             )
@@ -391,7 +536,8 @@ class Journal:
                         _optional_text(reservation.created),
                         _optional_text(reservation.stamp),
                         int(reservation.tentative),
-                        seen,
+                        # a booking rejected before keeps the time gpuresa first saw it
+                        _first_seen(connection, reservation.key, seen),
                         seen,
                     ),
                 )
@@ -426,7 +572,7 @@ class Journal:
                         rejection.email,
                         _optional_text(rejection.start),
                         _optional_text(rejection.end),
-                        seen,
+                        _first_seen(connection, rejection.key, seen),
                         seen,
                         seen,
                     ),
@@ -477,6 +623,22 @@ class Journal:
             )
             for row in rows
         ]
+
+    def first_seen_times(self) -> dict[str, datetime]:
+        """When gpuresa first saw each booking, as a reservation or a rejection, by key.
+
+        What decides between over-booked reservations (the one seen first
+        wins): unlike CREATED, nobody can write it into an event.
+        """
+        rows = self._query(
+            """
+            SELECT key, MIN(first_seen) AS first_seen FROM (
+                SELECT key, first_seen FROM reservations
+                UNION ALL SELECT key, first_seen FROM rejections
+            ) GROUP BY key
+            """
+        )
+        return {str(row["key"]): from_text(row["first_seen"]) for row in rows}
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -558,13 +720,16 @@ class Journal:
 
         For a notice whose sending failed after `mark_notified` claimed it; the
         next `mark_notified` returns True again. Nothing happens if there is no
-        claim. Committed before this returns.
+        claim. The outbox forgets that notice too (sent or not: an unsent one
+        is outdated, and the caller enqueues its successor). Committed before
+        this returns.
         """
         with self._transaction() as connection:
             connection.execute(
                 "DELETE FROM notifications WHERE key = ? AND kind = ?",
                 (key, kind),
             )
+            connection.execute("DELETE FROM outbox WHERE key = ? AND kind = ?", (key, kind))
 
     def notified(self, key: str) -> dict[str, datetime]:
         """The notices sent for `key`: kind → when."""
@@ -669,6 +834,171 @@ class Journal:
         """Forget the fact kept under `name` (nothing happens if there is none)."""
         with self._transaction() as connection:
             connection.execute("DELETE FROM meta WHERE name = ?", (name,))
+
+    # --- the outbox (see gpuresa.outbox) ------------------------------------------------
+
+    def outbox_add(
+        self,
+        key: str,
+        kind: str | None,
+        address: str,
+        subject: str,
+        body: str,
+        copy_admin: bool,
+        now: datetime,
+    ) -> bool:
+        """Queue one e-mail, to be tried at once; False (nothing queued) when the notice
+        (`key`, `kind`) was queued or sent before. A None `kind` is always queued."""
+        with self._transaction() as connection:
+            if kind is not None:
+                # sent before the outbox existed, or claimed through `mark_notified`
+                claimed = connection.execute(
+                    "SELECT 1 FROM notifications WHERE key = ? AND kind = ?", (key, kind)
+                ).fetchone()
+                if claimed is not None:
+                    return False
+            at = to_text(now)
+            cursor = connection.execute(
+                """
+                INSERT OR IGNORE INTO outbox (key, kind, address, subject, body, copy_admin,
+                    queued_at, next_try)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+                """,
+                (key, kind, address, subject, body, int(copy_admin), at, at),
+            )
+            return cursor.rowcount == 1
+
+    def outbox_unsent(self, due_by: datetime | None = None) -> list[OutboxMessage]:
+        """The e-mails not sent (nor dropped) yet, oldest first; with `due_by`, only
+        those whose next try is at or before it, soonest first."""
+        sql = "SELECT * FROM outbox WHERE sent_at IS NULL AND dropped_at IS NULL"
+        if due_by is None:
+            rows = self._query(sql + " ORDER BY queued_at, id")
+        else:
+            rows = self._query(sql + " AND next_try <= ? ORDER BY next_try, id", (to_text(due_by),))
+        return [_outbox_message(row) for row in rows]
+
+    def outbox_backlog(self) -> tuple[int, datetime | None]:
+        """How many e-mails wait to be sent, and the soonest next try among them."""
+        rows = self._query(
+            "SELECT count(*) AS waiting, MIN(next_try) AS soonest FROM outbox "
+            "WHERE sent_at IS NULL AND dropped_at IS NULL"
+        )
+        return int(rows[0]["waiting"]), _optional_time(rows[0]["soonest"])
+
+    def outbox_sent(self, message_id: int, now: datetime) -> None:
+        """Record that the relay accepted message `message_id` (and claim its notice)."""
+        with self._transaction() as connection:
+            cursor = connection.execute(
+                "UPDATE outbox SET sent_at = ?, attempts = attempts + 1, last_error = NULL "
+                "WHERE id = ? AND sent_at IS NULL",
+                (to_text(now), message_id),
+            )
+            if cursor.rowcount == 1:
+                # only while the row exists: `unmark_notified` may have withdrawn it meanwhile
+                connection.execute(
+                    "INSERT OR IGNORE INTO notifications (key, kind, at) "
+                    "SELECT key, kind, ? FROM outbox WHERE id = ? AND kind IS NOT NULL",
+                    (to_text(now), message_id),
+                )
+
+    def outbox_failed(self, message_id: int, error: str, next_try: datetime) -> None:
+        """Record a failed attempt at message `message_id`, tried again at `next_try`."""
+        with self._transaction() as connection:
+            connection.execute(
+                "UPDATE outbox SET attempts = attempts + 1, last_error = ?, next_try = ? "
+                "WHERE id = ? AND sent_at IS NULL",
+                (error, to_text(next_try), message_id),
+            )
+
+    def outbox_drop(self, message_id: int, now: datetime, reason: str) -> None:
+        """Give up on message `message_id`; the history of its key shows why."""
+        with self._transaction() as connection:
+            row = connection.execute(
+                "SELECT key, subject FROM outbox WHERE id = ? AND sent_at IS NULL", (message_id,)
+            ).fetchone()
+            if row is None:
+                return
+            connection.execute(
+                "UPDATE outbox SET dropped_at = ?, last_error = ? WHERE id = ?",
+                (to_text(now), reason, message_id),
+            )
+            connection.execute(
+                "INSERT INTO events (key, at, kind, name, result, detail) "
+                "VALUES (?, ?, 'action', ?, 'failed', ?)",
+                (row[0], to_text(now), f"mail {row[1]!r} dropped", reason),
+            )
+
+    def was_notified(self, key: str, kind: str) -> bool:
+        """Whether the notice (`key`, `kind`) was sent (or claimed with `mark_notified`)."""
+        rows = self._query(
+            "SELECT 1 FROM notifications WHERE key = ? AND kind = ? "
+            "UNION ALL SELECT 1 FROM outbox WHERE key = ? AND kind = ? AND sent_at IS NOT NULL",
+            (key, kind, key, kind),
+        )
+        return bool(rows)
+
+    # --- retention ------------------------------------------------------------------------
+
+    def trim(self, now: datetime, retention: timedelta) -> int:
+        """Forget what is older than `retention` before `now`; returns the rows deleted.
+
+        Deleted: history rows, sent-notice claims, rejections last seen, and
+        reservations (with their state) ended before the cut, and outbox
+        messages sent or dropped before it. Unsent e-mails, calendars and
+        daemon facts are kept. Raises ValueError for a retention of 0 or less.
+        """
+        if retention <= timedelta(0):
+            raise ValueError(f"a retention must be longer than 0s, not {retention}")
+        cut = to_text(now - retention)
+        deleted = 0
+        with self._transaction() as connection:
+            for statement in (
+                "DELETE FROM events WHERE at < ?1",
+                "DELETE FROM notifications WHERE at < ?1",
+                "DELETE FROM rejections WHERE last_seen < ?1 AND (end_at IS NULL OR end_at < ?1)",
+                "DELETE FROM reservations WHERE end_at < ?1 AND last_seen < ?1",
+                # the states of bookings forgotten above (and of orphans long removed)
+                """
+                DELETE FROM states WHERE since < ?1
+                    AND key NOT IN (SELECT key FROM reservations)
+                    AND key NOT IN (SELECT key FROM rejections)
+                """,
+                "DELETE FROM outbox WHERE sent_at < ?1 OR dropped_at < ?1",
+            ):
+                deleted += connection.execute(statement, (cut,)).rowcount
+        return deleted
+
+
+def _outbox_message(row: sqlite3.Row) -> OutboxMessage:
+    return OutboxMessage(
+        id=int(row["id"]),
+        key=row["key"],
+        kind=row["kind"],
+        address=row["address"],
+        subject=row["subject"],
+        body=row["body"],
+        copy_admin=bool(row["copy_admin"]),
+        queued_at=from_text(row["queued_at"]),
+        attempts=int(row["attempts"]),
+        last_error=row["last_error"],
+        next_try=from_text(row["next_try"]),
+        sent_at=_optional_time(row["sent_at"]),
+    )
+
+
+def _first_seen(connection: sqlite3.Connection, key: str, now: str) -> str:
+    """The earliest first sight of `key` in either table, or `now` when it is new."""
+    row = connection.execute(
+        """
+        SELECT MIN(first_seen) FROM (
+            SELECT first_seen FROM reservations WHERE key = ?
+            UNION ALL SELECT first_seen FROM rejections WHERE key = ?
+        )
+        """,
+        (key, key),
+    ).fetchone()
+    return str(row[0]) if row is not None and row[0] is not None else now
 
 
 def _reservation(row: sqlite3.Row) -> Reservation:

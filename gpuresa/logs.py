@@ -29,7 +29,7 @@ def setup_logging(verbosity: int = 0) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level)
     # the libraries' debug output drowns ours; raise them only with -vv
-    for noisy in ("urllib3", "docker", "caldav", "apscheduler", "paramiko", "radicale"):
+    for noisy in ("urllib3", "docker", "caldav", "paramiko", "radicale"):
         logging.getLogger(noisy).setLevel(logging.DEBUG if verbosity >= 2 else logging.WARNING)
 
 

@@ -37,6 +37,8 @@ class Reservation:
     created: datetime | None = None
     stamp: datetime | None = None
     tentative: bool = False
+    # the event has no UID: `uid` is derived from its content (gpuresa.calendar_text)
+    uid_derived: bool = False
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,8 @@ class Rejection:
     email: str | None = None
     start: datetime | None = None
     end: datetime | None = None
+    # the event has no UID: `uid` is derived from its content (gpuresa.calendar_text)
+    uid_derived: bool = False
 
 
 @dataclass(frozen=True)

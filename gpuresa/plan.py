@@ -39,7 +39,17 @@ class Memory:
     warnings_sent: (key, seconds before the end) pairs already sent;
     cancel_notified: keys whose user was already told of the cancellation;
     retry_after: keys whose start failed or could not be served, not to be
-        tried again before that time.
+        tried again before that time;
+    in_flight: keys with an action under way, and the spec a start or prepare
+        under way holds (None for other actions): the planner decides nothing
+        for them, and what they are taking stays taken;
+    stopping: keys (among in_flight) whose stop is under way: their GPUs go to
+        the sessions that follow (which start once the stop is done), their
+        ports stay taken until the containers are gone;
+    refused_ports: ports the engine refused lately (another program listens
+        there), skipped when ports are chosen;
+    changes_notified: (key, change) pairs whose user was already told that a
+        running session keeps what it started with.
     """
 
     missing_since: Mapping[str, datetime] = field(default_factory=dict)
@@ -47,6 +57,10 @@ class Memory:
     warnings_sent: frozenset[tuple[str, int]] = frozenset()
     cancel_notified: frozenset[str] = frozenset()
     retry_after: Mapping[str, datetime] = field(default_factory=dict)
+    in_flight: Mapping[str, SessionSpec | None] = field(default_factory=dict)
+    stopping: frozenset[str] = frozenset()
+    refused_ports: frozenset[int] = frozenset()
+    changes_notified: frozenset[tuple[str, str]] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -149,6 +163,24 @@ class NotifyCancel(Action):
     order = 80
 
 
+@dataclass(frozen=True)
+class NotifyChange(Action):
+    """Tell the user a change to their running booking is not applied to the session.
+
+    `change` names what changed ("template pytorch → tensorflow", "GPUs 1 → 2"):
+    a running session keeps the template and GPUs it started with, since
+    changing them means new containers and the user's processes would be lost.
+    """
+
+    change: str = ""
+    user: str = ""
+    email: str | None = None
+    order = 85
+
+    def describe(self) -> str:
+        return f"tell {self.key}'s user the change is not applied: {self.change}"
+
+
 def plan(
     reservations: Iterable[Reservation],
     sessions: Iterable[Session],
@@ -175,7 +207,12 @@ def plan(
     actions: list[Action] = []
 
     holdings: list[Holding] = []
-    taken_ports: list[Ports] = []
+    taken_ports: list[Ports] = [Ports(port, port, port, port) for port in memory.refused_ports]
+    # what actions under way are taking (their containers may not be in Docker yet)
+    for key, spec in memory.in_flight.items():
+        if spec is not None and key not in existing:
+            holdings.append(Holding(key, spec.gpus, _ports_of(spec), spec.start, spec.end))
+            taken_ports.append(_ports_of(spec))
     # prepared sessions whose booking changed under them: removed and prepared anew
     replanned: set[str] = set()
     prepared: list[tuple[Session, Reservation]] = []
@@ -184,6 +221,13 @@ def plan(
         reservation = wanted.get(key)
         # ports stay bound until the containers are gone, whatever happens this round
         taken_ports.append(_ports_of(session))
+        if key in memory.in_flight:
+            # one action at a time per session: its GPUs stay held until it is done,
+            # unless it is being stopped
+            if key not in memory.stopping:
+                end = max(session.end, reservation.end) if reservation else session.end
+                holdings.append(Holding(key, session.gpus, _ports_of(session), session.start, end))
+            continue
         stop = _stop_for(session, reservation, now, config, memory)
         if stop is not None:
             actions.append(stop)
@@ -202,8 +246,18 @@ def plan(
         holdings.append(
             Holding(key, session.gpus, _ports_of(session), session.start, reservation.end)
         )
+        if reservation.user != session.user:
+            # the booking was given to someone else: the old user's session ends
+            # (with a notice), and the new user's starts in a later round
+            actions.append(Stop(key, reason="reassigned", grace=daemon.stop_grace))
+            continue
         if reservation.end != session.end:
             actions.append(Extend(key, end=reservation.end))
+        change = _running_change(session, reservation, inventory)
+        if change and (key, change) not in memory.changes_notified:
+            actions.append(
+                NotifyChange(key, change=change, user=session.user, email=reservation.email)
+            )
         spec = _spec_from_session(session, reservation)
         if session.state == "stopped" and now >= reservation.start:
             if _may_try(key, now, memory):
@@ -232,6 +286,8 @@ def plan(
     for reservation in sorted(wanted.values(), key=lambda item: (item.start, item.key)):
         key = reservation.key
         if (key in existing and key not in replanned) or now >= reservation.end:
+            continue
+        if key in memory.in_flight:
             continue
         if now < reservation.start - daemon.prepare_ahead:
             continue
@@ -282,6 +338,18 @@ def _prepared_differs(
         if overlaps and set(holding.gpus) & set(session.gpus):
             return True
     return False
+
+
+def _running_change(session: Session, reservation: Reservation, inventory: Inventory) -> str:
+    """What the booking of a running session changed that the session cannot follow, or ""."""
+    changes = []
+    if reservation.template != session.template:
+        changes.append(f"template {session.template} → {reservation.template}")
+    elif reservation.cuda is not None and reservation.cuda != session.cuda:
+        changes.append(f"CUDA {session.cuda} → {reservation.cuda}")
+    if inventory.host.gpu_mode != "none" and reservation.gpus != len(session.gpus):
+        changes.append(f"GPUs {len(session.gpus)} → {reservation.gpus}")
+    return ", ".join(changes)
 
 
 def _stop_for(

@@ -23,7 +23,9 @@ occurrence alone, with a reason its user can act on (fail closed):
 - **time**: the end after the start; no longer than `reservations.max_duration`.
 
 Over-booking is decided across calendars by `resolve_conflicts`: on one host,
-the earliest booked (CREATED, then DTSTAMP, then UID) wins.
+a booking whose session is already prepared or running keeps it; between the
+others, the one gpuresa saw first (the journal's first sight) wins, then the
+UID. CREATED and DTSTAMP do not count: whoever writes the event writes them.
 """
 
 from __future__ import annotations
@@ -35,8 +37,10 @@ import logging
 import re
 from bisect import bisect_left, insort
 from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta, tzinfo
+from types import MappingProxyType
 from zoneinfo import ZoneInfo
 
 from gpuresa.config import LOGIN, CalendarConfig, Config, HostConfig
@@ -67,6 +71,7 @@ _DESCRIPTION_KEYS = {"template": "template", "cuda": "cuda", "gpus": "gpus", "gp
 _KEY_SPELLING = str.maketrans("", "", " \t_-")
 _SUMMARY_LIMIT = 1000
 _LATEST = datetime.max.replace(tzinfo=UTC)
+_NOTHING_SEEN: Mapping[str, datetime] = MappingProxyType({})
 _UNSAFE_UID = re.compile(r"[\x00-\x1f\x7f/\\]")
 
 
@@ -257,6 +262,7 @@ class _BookingReader:
                 email=booking.email,
                 start=occurrence.start,
                 end=occurrence.end,
+                uid_derived=occurrence.component.uid_derived,
             )
         assert booking.host is not None and booking.user is not None
         assert booking.template is not None
@@ -277,6 +283,7 @@ class _BookingReader:
             created=booking.created,
             stamp=booking.stamp,
             tentative=booking.tentative,
+            uid_derived=occurrence.component.uid_derived,
         )
 
     def reject_problem(self, problem: Problem) -> Rejection:
@@ -302,6 +309,7 @@ class _BookingReader:
             email=email,
             start=problem.start,
             end=problem.end,
+            uid_derived=problem.component is not None and problem.component.uid_derived,
         )
 
     def booking(self, component: Component, uid: str) -> _Booking:
@@ -550,27 +558,66 @@ def _description_fields(description: str) -> dict[str, str]:
 # --- over-booking -----------------------------------------------------------------------------
 
 
-def _booking_order(reservation: Reservation) -> tuple[object, ...]:
-    """Who booked first: CREATED, then DTSTAMP, then UID (a missing time counts as late)."""
+def _booking_order(
+    reservation: Reservation, first_seen: Mapping[str, datetime], holding: AbstractSet[str]
+) -> tuple[object, ...]:
+    """Who keeps the GPUs: a booking whose session is prepared or running, then the one
+    gpuresa saw first (a key it never saw counts as seen now, the newest), then the UID.
+
+    Not CREATED or DTSTAMP: whoever writes the event writes those too.
+    """
     return (
-        reservation.created or _LATEST,
-        reservation.stamp or _LATEST,
+        reservation.key not in holding,
+        first_seen.get(reservation.key, _LATEST),
         reservation.uid,
         reservation.start,
         reservation.key,
     )
 
 
-def resolve_conflicts(reservations: Iterable[Reservation], config: Config) -> ReservationSet:
-    """Decide over-booking: on each host, earlier bookings keep their GPUs.
+def _conflict_reason(
+    reservation: Reservation,
+    winner: Reservation,
+    used: int,
+    count: int,
+    first_seen: Mapping[str, datetime],
+    holding: AbstractSet[str],
+) -> str:
+    """Why `reservation` loses to `winner`, for its user: who, why, and the GPU count."""
+    if winner.key in holding:
+        why = "which already runs"
+    elif first_seen.get(winner.key, _LATEST) < first_seen.get(reservation.key, _LATEST):
+        why = "which was booked first"
+    else:
+        why = "which was booked at the same time (the UID decides)"
+    summary = _clean(winner.summary)[:60]
+    name = f"{summary!r} ({winner.key})" if summary and summary != winner.key else winner.key
+    return (
+        f"overlaps {name} {why}: host {reservation.host} has {count} GPU(s) and {used} of "
+        f"them are taken during this time (this one asks for {reservation.gpus})"
+    )
 
-    Given validated reservations (of any calendars), returns those that fit,
-    sorted by start then key, and a rejection "conflicts with <key>" for each
-    that would make overlapping reservations on its host ask for more GPUs
-    than the host has. Reservations are taken in booking order (CREATED, then
-    DTSTAMP, then UID): each is kept if, at every instant of its time, it fits
-    with the ones already kept. Hosts whose GPU count gpuresa does not know
-    (`host_gpu_count` is None) keep everything: their runtime decides.
+
+def resolve_conflicts(
+    reservations: Iterable[Reservation],
+    config: Config,
+    *,
+    first_seen: Mapping[str, datetime] = _NOTHING_SEEN,
+    holding: AbstractSet[str] = frozenset(),
+) -> ReservationSet:
+    """Decide over-booking: on each host, the bookings with the better claim keep their GPUs.
+
+    Given validated reservations (of any calendars), when gpuresa first saw
+    each booking (by key; the journal's `first_seen_times`) and the keys
+    whose session is already prepared or running (`holding`), returns those
+    that fit, sorted by start then key, and a rejection "overlaps <winner>
+    which already runs / which was booked first: …" for each that would make
+    overlapping reservations on its host ask for more GPUs than the host has.
+    Reservations are taken in `_booking_order`: each is kept if, at every
+    instant of its time, it fits with the ones already kept; so extending a
+    booking into the slot of a running one never stops the running one.
+    Hosts whose GPU count gpuresa does not know (`host_gpu_count` is None)
+    keep everything: their runtime decides.
     """
     hosts = {host.name: host for host in config.hosts}
     kept: list[Reservation] = []
@@ -585,7 +632,8 @@ def resolve_conflicts(reservations: Iterable[Reservation], config: Config) -> Re
             kept.extend(candidates)
             continue
         kept_here = _Timeline()
-        for reservation in sorted(candidates, key=_booking_order):
+        candidates.sort(key=lambda item: _booking_order(item, first_seen, holding))
+        for reservation in candidates:
             if reservation.gpus > count:
                 # read_calendar rejects these already; a caller's own list may hold one
                 reason = f"{reservation.gpus} GPUs asked, but host {host_name!r} has {count}"
@@ -595,12 +643,8 @@ def resolve_conflicts(reservations: Iterable[Reservation], config: Config) -> Re
                     kept_here.add(reservation)
                     kept.append(reservation)
                     continue
-                used, first = blocking
-                reason = (
-                    f"conflicts with {first.key}: host {host_name} has {count} GPU(s) and "
-                    f"{used} of them are booked by earlier bookings during this time "
-                    f"(this one asks for {reservation.gpus})"
-                )
+                used, winner = blocking
+                reason = _conflict_reason(reservation, winner, used, count, first_seen, holding)
             log.debug("%s: rejected: %s", reservation.key, reason)
             rejected.append(
                 Rejection(
@@ -622,8 +666,8 @@ def resolve_conflicts(reservations: Iterable[Reservation], config: Config) -> Re
 class _Timeline:
     """The reservations kept on one host, sorted by start, to find overlaps fast.
 
-    They are added in booking order, so the lower a reservation's index, the
-    earlier it was booked.
+    They are added in `_booking_order`, so the lower a reservation's index, the
+    better its claim.
     """
 
     def __init__(self) -> None:
@@ -638,7 +682,7 @@ class _Timeline:
 
     def blocking(self, reservation: Reservation, count: int) -> tuple[int, Reservation] | None:
         """None if `reservation` fits beside the kept ones; else the most GPUs they use at
-        once during its time, and the earliest booked of those that overlap it."""
+        once during its time, and the one with the best claim among those that overlap it."""
         start, end = reservation.start, reservation.end
         low = bisect_left(self.starts, (start - self.longest, -1))
         high = bisect_left(self.starts, (end, -1))
@@ -670,11 +714,15 @@ def read_reservations(
     window_end: datetime,
     *,
     variants: Mapping[str, tuple[str, ...]] | None = None,
+    first_seen: Mapping[str, datetime] = _NOTHING_SEEN,
+    holding: AbstractSet[str] = frozenset(),
 ) -> ReservationSet:
     """What all calendars ask for over the window, with over-booking decided.
 
     Given each configured calendar's objects by calendar name (calendars
-    missing from the mapping are skipped), returns the kept reservations
+    missing from the mapping are skipped), and, for over-booking, when each
+    key was first seen and which keys hold a session (see
+    `resolve_conflicts`), returns the kept reservations
     sorted by start then key, and every rejection (unreadable, invalid or
     conflicting). An event found in two calendars (same UID) counts once, in
     the calendar listed first in the config; the copy is logged and ignored.
@@ -684,7 +732,8 @@ def read_reservations(
 
         variants = template_variants(config)
     with _cycle_collection_paused():
-        return _read_all(config, objects_by_calendar, window_start, window_end, variants)
+        found = _read_all(config, objects_by_calendar, window_start, window_end, variants)
+    return _resolve(found, config, first_seen, holding)
 
 
 def _read_all(
@@ -719,7 +768,16 @@ def _read_all(
     for name in objects_by_calendar:
         if name not in {calendar.name for calendar in config.calendars}:
             log.warning("objects given for calendar %r, which the config does not list", name)
-    resolved = resolve_conflicts(everything, config)
-    rejected.extend(resolved.rejected)
-    rejected.sort(key=_rejection_order)
+    return ReservationSet(tuple(everything), tuple(rejected))
+
+
+def _resolve(
+    found: ReservationSet,
+    config: Config,
+    first_seen: Mapping[str, datetime],
+    holding: AbstractSet[str],
+) -> ReservationSet:
+    """`found`'s reservations with over-booking decided; its rejections kept."""
+    resolved = resolve_conflicts(found.reservations, config, first_seen=first_seen, holding=holding)
+    rejected = sorted((*found.rejected, *resolved.rejected), key=_rejection_order)
     return replace(resolved, rejected=tuple(rejected))

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent set-up of the development environment, run by `make setup`:
 #   1. .venv with gpuresa and its test extras (reinstalled when pyproject.toml changes);
-#   2. a Docker engine with user namespaces (installed and started when none answers);
+#   2. a Docker engine with user namespaces and live-restore (installed and started when
+#      none answers; live-restore turned on with a reload, never a restart);
 #   3. the local base image gpuresa/base:bookworm (rebuilt when its recipe changes).
 # Needs root on Debian/Ubuntu for steps 2 and 3 when something is missing.
 set -euo pipefail
@@ -48,6 +49,27 @@ else
 fi
 
 # --- 2. Docker engine --------------------------------------------------------
+# /etc/docker/daemon.json must say "userns-remap" (a session's root is not the
+# host's) and "live-restore": true (an engine upgrade or restart leaves running
+# sessions running). Written only when a setting is missing; prints "changed" then.
+DAEMON_JSON=${DAEMON_JSON:-/etc/docker/daemon.json}
+docker_settings() {
+    mkdir -p "$(dirname "$DAEMON_JSON")"
+    "$PYTHON" - "$DAEMON_JSON" <<'PY'
+import json, os, pathlib, sys
+path = pathlib.Path(sys.argv[1])
+text = path.read_text() if path.exists() else ""
+settings = json.loads(text) if text.strip() else {}
+wanted = dict(settings)
+wanted.setdefault("userns-remap", "default")
+wanted["live-restore"] = True
+if wanted != settings:
+    temporary = path.with_name(path.name + ".gpuresa-new")
+    temporary.write_text(json.dumps(wanted, indent=2) + "\n")
+    os.replace(temporary, path)
+    print("changed")
+PY
+}
 docker_answers() { timeout 10 docker info >/dev/null 2>&1; }
 
 if docker_answers; then
@@ -55,21 +77,34 @@ if docker_answers; then
         say "Docker engine answers, with user namespaces"
     else
         say "WARNING: the Docker engine answers but runs WITHOUT user namespaces;"
-        say "WARNING: set \"userns-remap\": \"default\" in /etc/docker/daemon.json and restart it"
+        say "WARNING: set \"userns-remap\": \"default\" in $DAEMON_JSON and restart it"
+    fi
+    if [ "$(docker info --format '{{.LiveRestoreEnabled}}' 2>/dev/null)" != true ]; then
+        if [ "$(id -u)" != 0 ]; then die "need root to turn on Docker's live-restore (run: sudo make setup)"; fi
+        if [ "$(docker_settings)" = changed ]; then
+            # live-restore is one of the settings dockerd reloads on SIGHUP: no
+            # restart, so no running container is stopped for it
+            say "$DAEMON_JSON: live-restore = true; reloading the Docker engine"
+            if [ -d /run/systemd/system ] && systemctl is-active --quiet docker 2>/dev/null; then
+                systemctl reload docker || true
+            elif [ -s /var/run/docker.pid ]; then
+                kill -HUP "$(cat /var/run/docker.pid)" || true
+            fi
+            sleep 1
+        fi
+        if [ "$(docker info --format '{{.LiveRestoreEnabled}}' 2>/dev/null)" = true ]; then
+            say "Docker engine: live-restore on"
+        else
+            say "WARNING: Docker's live-restore is still off: restart the Docker engine once"
+            say "WARNING: (this stops the containers running now)"
+        fi
     fi
 else
     command -v dockerd >/dev/null 2>&1 || apt_install docker.io
     command -v newuidmap >/dev/null 2>&1 || apt_install uidmap
-    mkdir -p /etc/docker
-    "$PYTHON" - <<'PY'
-import json, pathlib
-path = pathlib.Path("/etc/docker/daemon.json")
-settings = json.loads(path.read_text()) if path.exists() and path.read_text().strip() else {}
-if settings.get("userns-remap") != "default":
-    settings["userns-remap"] = "default"
-    path.write_text(json.dumps(settings, indent=2) + "\n")
-    print("setup: /etc/docker/daemon.json: userns-remap = default")
-PY
+    if [ "$(docker_settings)" = changed ]; then
+        say "$DAEMON_JSON: userns-remap and live-restore set"
+    fi
     if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
         say "starting docker.service"
         systemctl restart docker || true

@@ -98,6 +98,7 @@ shm_size = "64m"
 """
     )
     Runtime(load_config(config)).ensure_image("pytorch", None)
+    Runtime(load_config(config)).ensure_ftp_image()  # starts never build images
     return config
 
 

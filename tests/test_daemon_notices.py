@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import time
 from pathlib import Path
 
 import pytest
 from conftest import SMTPServer
 
 from gpuresa.config import parse_config
-from gpuresa.daemon import Daemon
+from gpuresa.daemon.state import Context
+from gpuresa.journal_guard import open_journal
 from gpuresa.model import Rejection
+from gpuresa.notify import Notifier
+from gpuresa.outbox import Outbox
 
 
 @pytest.mark.parametrize(("this_host", "mails"), [("gpu1", 1), ("gpu2", 0)])
@@ -31,17 +34,23 @@ def test_a_location_calendars_rejections_are_mailed_by_the_first_host_only(
             "notify": {"enabled": True, "smtp_host": "127.0.0.1", "smtp_port": smtp_server.port},
         }
     )
-    daemon = Daemon(config)
+    journal, _ = open_journal(tmp_path / "state" / "journal.sqlite")
+    outbox = Outbox(journal, Notifier(config.notify, config.users))
+    outbox.start()
+    context = Context(config, journal, outbox)
     try:
         rejection = Rejection(
             key="r-1", uid="r-1", calendar="shared", reason="unknown host 'gpu9'", user="alice"
         )
-        daemon._reject(rejection, datetime.now(UTC))
-        assert daemon.journal.state("r-1") == "rejected"
+        context.reject(rejection)
+        assert journal.state("r-1") == "rejected"
         if mails:
             messages = smtp_server.wait_for(1)
             assert "gpu9" in messages[0].get_content()
         else:
+            time.sleep(1)
             assert smtp_server.messages == []
+            assert outbox.backlog() == 0
     finally:
-        daemon.journal.close()
+        outbox.stop()
+        journal.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -382,53 +383,94 @@ def booking(
     )
 
 
+def seen(**days: int) -> dict[str, datetime]:
+    """When gpuresa first saw each key: a day of March 2026."""
+    return {key: datetime(2026, 3, day, tzinfo=UTC) for key, day in days.items()}
+
+
 @pytest.mark.parametrize(
-    ("bookings", "kept", "conflicts"),
+    ("bookings", "first_seen", "holding", "kept", "conflicts"),
     [
-        # 3 + 2 GPUs overlap on a 4-GPU host: the earlier CREATED wins
-        ([booking("late", 9, 12, 2, 5), booking("early", 10, 14, 3, 1)],
-         ["early"], {"late": "early"}),
+        # 3 + 2 GPUs overlap on a 4-GPU host: the one seen first wins
+        ([booking("late", 9, 12, 2, 1), booking("early", 10, 14, 3, 5)], seen(late=5, early=1),
+         set(), ["early"], {"late": "early"}),
+        # a forged CREATED in 1970 wins nothing
+        ([booking("forged", 8, 12, 3, None), booking("honest", 8, 12, 3, 2)],
+         seen(forged=3, honest=2), set(), ["honest"], {"forged": "honest"}),
+        # nor does a DTSTAMP: the journal's first sight decides
+        ([booking("z", 8, 10, 3, None, stamp_day=1), booking("y", 8, 10, 3, None, stamp_day=9)],
+         seen(z=2, y=1), set(), ["y"], {"z": "y"}),
+        # a booking without CREATED that was seen first wins
+        ([booking("plain", 8, 10, 3, None), booking("dated", 8, 10, 3, 1)],
+         seen(plain=1, dated=2), set(), ["plain"], {"dated": "plain"}),
+        # a key never seen counts as seen now: it loses to every known one
+        ([booking("new", 8, 10, 3, 1), booking("known", 8, 10, 3, 9)], seen(known=9),
+         set(), ["known"], {"new": "known"}),
+        # seen at the same time (or neither seen): the UID decides
+        ([booking("n", 8, 10, 3, 1), booking("m", 8, 10, 3, 2)], seen(n=1, m=1), set(),
+         ["m"], {"n": "m"}),
+        ([booking("n", 8, 10, 3, 1), booking("m", 8, 10, 3, 2)], {}, set(), ["m"], {"n": "m"}),
+        # a booking whose session runs keeps it, even against one seen earlier
+        ([booking("a", 8, 12, 3, 1), booking("b", 10, 14, 3, 5)], seen(a=1, b=5), {"b"},
+         ["b"], {"a": "b"}),
         # back to back is no overlap
-        ([booking("a", 8, 10, 4, 1), booking("b", 10, 12, 4, 2)], ["a", "b"], {}),
-        # three fit together, the fourth does not, and names the first booked it meets
+        ([booking("a", 8, 10, 4, 1), booking("b", 10, 12, 4, 2)], seen(a=1, b=2), set(),
+         ["a", "b"], {}),
+        # three fit together, the fourth does not, and names the best claim it meets
         ([booking("a", 8, 12, 1, 1), booking("b", 9, 12, 1, 2), booking("c", 10, 12, 2, 3),
-          booking("d", 11, 13, 1, 4)], ["a", "b", "c"], {"d": "a"}),
+          booking("d", 11, 13, 1, 4)], seen(a=1, b=2, c=3, d=4), set(), ["a", "b", "c"],
+         {"d": "a"}),
         # the peak counts, not the sum: a and b never overlap each other
         ([booking("a", 8, 10, 2, 1), booking("b", 10, 12, 2, 2), booking("c", 8, 12, 2, 3)],
-         ["a", "c", "b"], {}),
-        # no CREATED: DTSTAMP decides, then the UID
-        ([booking("z", 8, 10, 3, None, stamp_day=2), booking("y", 8, 10, 3, None, stamp_day=1)],
-         ["y"], {"z": "y"}),
-        ([booking("n", 8, 10, 3, None), booking("m", 8, 10, 3, None)], ["m"], {"n": "m"}),
-        # a booking with CREATED comes before one without
-        ([booking("old", 8, 10, 3, None), booking("new", 8, 10, 3, 9)], ["new"], {"old": "new"}),
+         seen(a=1, b=2, c=3), set(), ["a", "c", "b"], {}),
         # other hosts do not count
-        ([booking("a", 8, 10, 4, 1), booking("b", 8, 10, 2, 2, host="gpu2")], ["a", "b"], {}),
+        ([booking("a", 8, 10, 4, 1), booking("b", 8, 10, 2, 2, host="gpu2")], seen(a=1, b=2),
+         set(), ["a", "b"], {}),
         # a rejected booking holds no GPUs: c fits beside a once b is out
         ([booking("a", 8, 12, 2, 1), booking("b", 9, 12, 3, 2), booking("c", 9, 12, 2, 3)],
-         ["a", "c"], {"b": "a"}),
+         seen(a=1, b=2, c=3), set(), ["a", "c"], {"b": "a"}),
     ],
 )  # fmt: skip
 def test_over_booking(
-    bookings: list[Reservation], kept: list[str], conflicts: dict[str, str]
+    bookings: list[Reservation],
+    first_seen: dict[str, datetime],
+    holding: set[str],
+    kept: list[str],
+    conflicts: dict[str, str],
 ) -> None:
-    resolved = resolve_conflicts(bookings, make_config())
+    resolved = resolve_conflicts(
+        bookings, make_config(), first_seen=first_seen, holding=frozenset(holding)
+    )
     assert [item.key for item in resolved.reservations] == kept
-    assert {item.key: item.reason.split(":")[0] for item in resolved.rejected} == {
-        key: f"conflicts with {first}" for key, first in conflicts.items()
+    assert {item.key: item.reason.split(" which")[0] for item in resolved.rejected} == {
+        key: f"overlaps {first}" for key, first in conflicts.items()
     }
 
 
-def test_a_conflict_says_what_is_booked() -> None:
+def test_a_conflict_says_who_wins_and_why() -> None:
+    first = replace(booking("a", 8, 12, 3, 1), summary="alice — thesis run")
     resolved = resolve_conflicts(
-        [booking("a", 8, 12, 3, 1), booking("b", 9, 10, 2, 2)], make_config()
+        [first, booking("b", 9, 10, 2, 2)], make_config(), first_seen=seen(a=1, b=2)
     )
     [rejection] = resolved.rejected
     assert rejection.reason == (
-        "conflicts with a: host gpu1 has 4 GPU(s) and 3 of them are booked by earlier "
-        "bookings during this time (this one asks for 2)"
+        "overlaps 'alice — thesis run' (a) which was booked first: host gpu1 has 4 GPU(s) and "
+        "3 of them are taken during this time (this one asks for 2)"
     )
     assert (rejection.user, rejection.start) == ("alice", datetime(2026, 3, 10, 9, tzinfo=UTC))
+
+
+def test_extending_a_booking_into_a_running_one_rejects_the_extension() -> None:
+    # A was booked first for 8-10; B then took 10-14 and runs; A is now extended to 12
+    extended = booking("a", 8, 12, 3, created_day=None)
+    running = booking("b", 10, 14, 3, created_day=None)
+    resolved = resolve_conflicts(
+        [extended, running], make_config(), first_seen=seen(a=1, b=2), holding=frozenset({"b"})
+    )
+    assert [item.key for item in resolved.reservations] == ["b"]
+    [rejection] = resolved.rejected
+    assert rejection.key == "a"
+    assert rejection.reason.startswith("overlaps b which already runs: ")
 
 
 def test_hosts_with_uncounted_gpus_keep_everything() -> None:
@@ -469,18 +511,25 @@ def test_read_reservations_across_calendars_resolves_conflicts_and_duplicates() 
         uid="late", extra="CREATED:20260202T000000Z", description="template: pytorch\\ngpus: 2"
     )
     copy = event(uid="early", description="template: pytorch\\ngpus: 1")
+    objects = {
+        "second": [("late.ics", late), ("copy.ics", copy)],
+        "first": [("early.ics", early)],
+    }
     found = read_reservations(
-        config,
-        {"second": [("late.ics", late), ("copy.ics", copy)], "first": [("early.ics", early)]},
-        *WINDOW,
-        variants=VARIANTS,
+        config, objects, *WINDOW, variants=VARIANTS, first_seen=seen(early=1, late=2)
     )
     # the copy of "early" in the second calendar counts once, from the first
     assert [(item.key, item.calendar, item.gpus) for item in found.reservations] == [
         ("early", "first", 3)
     ]
     assert [(item.key, item.calendar) for item in found.rejected] == [("late", "second")]
-    assert found.rejected[0].reason.startswith("conflicts with early")
+    assert found.rejected[0].reason.startswith("overlaps 'alice' (early) which was booked first")
+    # once "late" holds a session, it keeps it
+    found = read_reservations(
+        config, objects, *WINDOW, variants=VARIANTS, holding=frozenset({"late"})
+    )
+    assert [item.key for item in found.reservations] == ["late"]
+    assert found.rejected[0].reason.startswith("overlaps 'alice' (late) which already runs")
 
 
 # --- the command ------------------------------------------------------------------------------
@@ -505,6 +554,10 @@ gpus = [0, 1, 2, 3]
     return config
 
 
+# the key of the event without UID below: a hash of its DTSTART, DTEND, SUMMARY, DESCRIPTION
+DERIVED = "derived-33bb8ec58f937ca5495f8b9f197f2057"
+
+
 def test_reservations_json_is_exactly_the_public_shape(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -515,6 +568,9 @@ def test_reservations_json_is_exactly_the_public_shape(
         event(uid="weekly", start=START - timedelta(hours=1), extra="RRULE:FREQ=WEEKLY;COUNT=2")
     )
     (folder / "bad.ics").write_text(event(uid="bad", summary="Not A Login"))
+    # a feed may leave UID out: the key is derived from the event's content
+    without_uid = event(start=START + timedelta(days=10)).replace("UID:booking-1\r\n", "")
+    (folder / "no-uid.ics").write_text(without_uid)
     config = write_config(tmp_path, f'name = "lab"\nkind = "ics"\nurl = "{folder}"\nhost = "gpu1"')
     code = main(
         ["--config", str(config), "reservations", "--from", "2026-03-01", "--to", "2026-04-01",
@@ -524,21 +580,28 @@ def test_reservations_json_is_exactly_the_public_shape(
     document = json.loads(capsys.readouterr().out)
     assert document == {
         "reservations": [
-            {"key": "weekly@20260310T070000Z", "uid": "weekly", "recurrence_id": "20260310T070000Z",
+            {"key": "weekly@20260310T070000Z", "uid": "weekly", "uid_derived": False,
+             "recurrence_id": "20260310T070000Z",
              "calendar": "lab", "host": "gpu1", "user": "alice", "template": "pytorch",
              "cuda": "12.4", "gpus": 2, "start": "2026-03-10T07:00:00+00:00",
              "end": "2026-03-10T09:00:00+00:00"},
-            {"key": "booking-1", "uid": "booking-1", "recurrence_id": None, "calendar": "lab",
+            {"key": "booking-1", "uid": "booking-1", "uid_derived": False, "recurrence_id": None,
+             "calendar": "lab",
              "host": "gpu1", "user": "alice", "template": "pytorch", "cuda": "12.4", "gpus": 2,
              "start": "2026-03-10T08:00:00+00:00", "end": "2026-03-10T10:00:00+00:00"},
-            {"key": "weekly@20260317T070000Z", "uid": "weekly", "recurrence_id": "20260317T070000Z",
+            {"key": "weekly@20260317T070000Z", "uid": "weekly", "uid_derived": False,
+             "recurrence_id": "20260317T070000Z",
              "calendar": "lab", "host": "gpu1", "user": "alice", "template": "pytorch",
              "cuda": "12.4", "gpus": 2, "start": "2026-03-17T07:00:00+00:00",
              "end": "2026-03-17T09:00:00+00:00"},
+            {"key": DERIVED, "uid": DERIVED, "uid_derived": True, "recurrence_id": None,
+             "calendar": "lab", "host": "gpu1", "user": "alice", "template": "pytorch",
+             "cuda": "12.4", "gpus": 2, "start": "2026-03-20T08:00:00+00:00",
+             "end": "2026-03-20T10:00:00+00:00"},
         ],
         # booking-1 and the series' first occurrence share the 4 GPUs (2 + 2): both fit
         "rejected": [
-            {"key": "bad", "uid": "bad", "calendar": "lab",
+            {"key": "bad", "uid": "bad", "uid_derived": False, "calendar": "lab",
              "reason": "'Not A Login' (from the title) is not a login: lower-case letters, "
              "digits, '_' and '-', starting with a letter or '_', at most 32"},
         ],

@@ -288,8 +288,10 @@ def test_the_containers_are_confined(site: Site) -> None:
     assert settings["ShmSize"] == 256 * 1024**2
     assert settings["PidsLimit"] == 512
     mounts = {mount["Destination"]: mount for mount in main_container.attrs["Mounts"]}
-    assert set(mounts) == {"/data", "/output", "/etc/ssh/gpuresa-host-keys"}
+    assert set(mounts) == {"/data", "/output", "/etc/gpuresa/session", "/etc/ssh/gpuresa-host-keys"}
     assert mounts["/data"]["RW"] is False and mounts["/output"]["RW"] is True
+    # the session's files are written on the host; the session may only read them
+    assert mounts["/etc/gpuresa/session"]["RW"] is False
     assert mounts["/etc/ssh/gpuresa-host-keys"]["RW"] is False
     with ssh_login(session, "alice", site.key("alice")) as client:
         # root through sudo keeps only the capabilities sshd and sudo need
@@ -443,10 +445,14 @@ def test_a_new_runtime_adopts_sessions_and_start_is_idempotent(site: Site) -> No
     prepared = runtime.prepare(spec)
     assert prepared.state == "created"
     assert runtime.prepare(spec) == prepared
-    # a prepared session starts quickly: the daemon wants SSH within 2 s of the start time
+    # prepared ahead, its sshd answers but lets nobody in before the start
+    with pytest.raises(paramiko.SSHException), ssh_login(prepared, "alice", site.key("alice")):
+        pass
+    # starting it only opens the gate: the daemon wants SSH within 2 s of the start time
     started = time.monotonic()
     running = runtime.start(spec)
-    assert time.monotonic() - started < 2.0
+    assert time.monotonic() - started < 0.5
+    assert running.state == "running"
     # a restarted daemon sees the same session, password included
     adopted = Runtime(site.config, site.client).list_sessions()
     assert len(adopted) == 1

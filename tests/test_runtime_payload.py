@@ -200,7 +200,7 @@ def test_main_payload_is_exactly_this() -> None:
         uid=20123,
         authorized_keys="ssh-ed25519 AAAAkey alice@laptop\n",
         output_dir=Path("/srv/output/alice/x"),
-        end_text="2026-03-02 17:30 UTC",
+        session_files=Path("/var/lib/gpuresa/sessions/evt-1"),
         command=("python3", "-m", "digits"),
         gpu=gpu_access(config.host(), spec.gpus),
     )
@@ -213,8 +213,6 @@ def test_main_payload_is_exactly_this() -> None:
             "CUDA_VISIBLE_DEVICES=0,1",
             "GPURESA_AUTHORIZED_KEYS=ssh-ed25519 AAAAkey alice@laptop",
             "GPURESA_CUDA=12.4",
-            "GPURESA_END=2026-03-02T17:30:00Z",
-            "GPURESA_END_TEXT=2026-03-02 17:30 UTC",
             "GPURESA_GPUS=1,3",
             "GPURESA_INPUTS=/data:/models",
             "GPURESA_OUTPUT=/output",
@@ -248,6 +246,12 @@ def test_main_payload_is_exactly_this() -> None:
                     "Source": "/srv/output/alice/x",
                     "Target": "/output",
                     "ReadOnly": False,
+                },
+                {
+                    "Type": "bind",
+                    "Source": "/var/lib/gpuresa/sessions/evt-1",
+                    "Target": "/etc/gpuresa/session",
+                    "ReadOnly": True,
                 },
             ],
             "Devices": [],
@@ -347,7 +351,12 @@ def test_no_payload_is_privileged_or_reaches_the_docker_socket(mode: str) -> Non
     gpu = gpu_access(config.host(), spec.gpus, {"/dev/nvidia0", "/dev/nvidiactl"})
     labels = session_labels(spec, 20123, Path("/srv/output/a"), "alice")
     main = MainContainer(
-        "image", 20123, "ssh-ed25519 AAAA x", Path("/srv/output/a"), "end", gpu=gpu
+        "image",
+        20123,
+        "ssh-ed25519 AAAA x",
+        Path("/srv/output/a"),
+        Path("/var/lib/gpuresa/sessions/a"),
+        gpu=gpu,
     )
     payloads = [
         main_payload(config, spec, main, labels),
@@ -361,9 +370,14 @@ def test_no_payload_is_privileged_or_reaches_the_docker_socket(mode: str) -> Non
         assert "SYS_ADMIN" not in settings["CapAdd"] and "NET_ADMIN" not in settings["CapAdd"]
         sources = [mount["Source"] for mount in settings["Mounts"]]
         assert not any("docker.sock" in source or source == "/" for source in sources)
-        # every mount comes from the config: inputs, the output folder
+        # every mount comes from the config: inputs, the output folder, and
+        # the session's own files, read-only
         allowed = {"/srv/ssd/datasets", "/srv/ssd/models", "/srv/output/a"}
-        assert set(sources) <= allowed
+        session_files = "/var/lib/gpuresa/sessions/a"
+        assert set(sources) <= allowed | {session_files}
+        assert all(
+            mount["ReadOnly"] for mount in settings["Mounts"] if mount["Source"] == session_files
+        )
         assert "host" not in (
             settings["NetworkMode"],
             settings.get("PidMode"),

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -51,7 +54,11 @@ def run_command(arguments: argparse.Namespace) -> int:
     from gpuresa.daemon import Daemon
 
     Daemon(load_config(arguments.config)).run()
-    return 0
+    # Actions still under way (a Docker call that hangs, say) run on threads the
+    # interpreter would wait for at exit; the next start finishes what they began.
+    logging.shutdown()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def parse_instant(text: str, option: str) -> datetime:
@@ -145,12 +152,34 @@ def status_report(config: Config, now: datetime) -> dict[str, Any]:
             }
             for name, calendar in journal.calendars().items()
         }
+        report["outbox"] = outbox_report(journal)
         pid = journal.get_meta("daemon_pid")
         report["daemon_pid"] = int(pid) if pid else None
         report["output_disk"] = disk_report(config)
     finally:
         journal.close()
     return report
+
+
+def outbox_report(journal: Journal, shown: int = 10) -> dict[str, Any]:
+    """The e-mails waiting to be sent: how many, and the oldest `shown` with their last error."""
+    waiting = journal.outbox_unsent()
+    return {
+        "backlog": len(waiting),
+        "oldest": [
+            {
+                "key": message.key,
+                "kind": message.kind,
+                "address": message.address,
+                "subject": message.subject,
+                "queued": _iso(message.queued_at),
+                "attempts": message.attempts,
+                "last_error": message.last_error,
+                "next_try": _iso(message.next_try),
+            }
+            for message in waiting[:shown]
+        ],
+    }
 
 
 def status_command(arguments: argparse.Namespace) -> int:
@@ -189,6 +218,14 @@ def status_command(arguments: argparse.Namespace) -> int:
         )
         error = f"; last error: {item['last_error']}" if item["last_error"] else ""
         print(f"  {name}: {freshness}{error}")
+    outbox = report["outbox"]
+    print(f"\noutbox: {outbox['backlog']} e-mail(s) waiting")
+    for item in outbox["oldest"]:
+        error = f"; last error: {item['last_error']}" if item["last_error"] else ""
+        print(
+            f"  {item['key']:<40} {item['kind'] or '-':<12} to {item['address']}  queued "
+            f"{item['queued']}, {item['attempts']} attempt(s), next {item['next_try']}{error}"
+        )
     return 0
 
 

@@ -163,6 +163,8 @@ def _reservation_json(reservation: Reservation) -> dict[str, Any]:
     return {
         "key": reservation.key,
         "uid": reservation.uid,
+        # no UID in the event: "uid" is derived from its content (stable while it is unchanged)
+        "uid_derived": reservation.uid_derived,
         "recurrence_id": reservation.recurrence_id,
         "calendar": reservation.calendar,
         "host": reservation.host,
@@ -179,6 +181,7 @@ def _rejection_json(rejection: Rejection) -> dict[str, Any]:
     return {
         "key": rejection.key,
         "uid": rejection.uid,
+        "uid_derived": rejection.uid_derived,
         "calendar": rejection.calendar,
         "reason": rejection.reason,
     }

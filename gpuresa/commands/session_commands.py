@@ -116,6 +116,9 @@ def start_command(arguments: argparse.Namespace) -> int:
             start=now,
             key=arguments.key,
         )
+        # an ad-hoc session may wait for its images: the daemon's starts never build
+        runtime.ensure_image(spec.template, spec.cuda)
+        runtime.ensure_ftp_image()
         session = runtime.start(spec, ready_timeout=arguments.timeout)
     print(describe(session, config))
     return 0

@@ -1,19 +1,28 @@
 """The one gateway to the Docker engine: every call goes through `Engine`.
 
 Each call is logged (with the session key when there is one, never with
-secrets: payloads are not logged) and Docker's errors are mapped once:
+secrets: payloads are not logged), bounded in time, and Docker's errors are
+mapped once:
 
-- the engine does not answer (no socket, refused, timed out) → `RuntimeUnavailable`;
+- the engine cannot be reached (no socket, connection refused) → `RuntimeUnavailable`;
+- the engine took the request but did not answer within the call's timeout
+  (`timeout`, 30 s by default; builds get `build_timeout`) → `EngineTimeout`,
+  a `SessionError`: that one action failed;
+- a port Docker cannot publish because something holds it → `PortRefused`;
 - removing what is already gone (404) or already being removed (409) → success;
 - anything else the engine refuses → `EngineRefused` (a `SessionError`) with its reason.
+
+Runtime methods run on several threads at once: each thread gets a client
+of its own (the SDK's HTTP session is not safe to share), made with the API
+version the first one learnt, so only the first asks the engine for it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
-import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
@@ -21,38 +30,31 @@ from typing import Any, TypeVar
 import docker
 import docker.errors
 import requests.exceptions
+import urllib3.exceptions
 
-from gpuresa.runtime.errors import RuntimeUnavailable, SessionError
+from gpuresa.runtime.engine_errors import (
+    EngineRefused,
+    NotFound,
+    dumps,
+    explanation,
+    refused_ports,
+    removal_in_progress,
+    timed_out,
+)
+from gpuresa.runtime.errors import EngineTimeout, PortRefused, RuntimeUnavailable
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-DEFAULT_TIMEOUT = 120.0
+# Seconds one engine call may take; a call that takes longer has failed.
+DEFAULT_TIMEOUT = 30.0
+# Builds stream their log for as long as the template's steps run.
+BUILD_TIMEOUT = 3600.0
+# Connections kept to the engine: more than the threads that call it at once.
+POOL_SIZE = 32
 
-
-class EngineRefused(SessionError):
-    """The engine answered with an error; `status` is its HTTP status."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class NotFound(EngineRefused):
-    """What was asked for does not exist (HTTP 404)."""
-
-
-def _explanation(error: docker.errors.APIError) -> str:
-    explanation = error.explanation
-    if isinstance(explanation, bytes):
-        explanation = explanation.decode(errors="replace")
-    return str(explanation or error).strip()
-
-
-def _removal_in_progress(error: docker.errors.APIError) -> bool:
-    text = _explanation(error).lower()
-    return error.status_code == 409 and ("in progress" in text or "removing" in text)
+__all__ = ["Engine", "EngineRefused", "EngineTimeout", "NotFound", "PortRefused", "dumps"]
 
 
 class Engine:
@@ -63,20 +65,62 @@ class Engine:
     that making an `Engine` never fails while the engine is away.
     """
 
-    def __init__(self, client: Any | None = None, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(
+        self,
+        client: Any | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        *,
+        base_url: str | None = None,
+        build_timeout: float = BUILD_TIMEOUT,
+    ) -> None:
+        # a client given by the caller is shared; made ones are one per thread:
+        # docker-py's HTTP session is not safe to share between threads (seen
+        # here: "Bad file descriptor" when eight sessions were prepared at once)
         self._client = client
+        self._local = threading.local()
+        self._version: str | None = None
         self.timeout = timeout
+        self.build_timeout = build_timeout
+        self.base_url = base_url
+        self._connecting = threading.Lock()
 
     # --- plumbing ---------------------------------------------------------------------
 
     @property
     def client(self) -> Any:
-        if self._client is None:
-            try:
-                self._client = docker.from_env(timeout=int(self.timeout))
-            except docker.errors.DockerException as error:
-                raise RuntimeUnavailable(f"the Docker engine does not answer: {error}") from None
-        return self._client
+        """The `docker.DockerClient`, made on first use (from `base_url`, else the environment).
+
+        Raises `RuntimeUnavailable` when the engine cannot be reached, and
+        `EngineTimeout` when it takes the connection but does not answer.
+        """
+        if self._client is not None:
+            return self._client
+        client = getattr(self._local, "client", None)
+        if client is None:
+            with self._connecting:
+                client = self._connect()
+                # the API version, asked once: later threads' clients need not ask again
+                self._version = self._version or str(client.api.api_version)
+            self._local.client = client
+        return client
+
+    def _connect(self) -> Any:
+        try:
+            version = self._version or "auto"
+            if self.base_url is not None:
+                return docker.DockerClient(
+                    base_url=self.base_url,
+                    timeout=self.timeout,
+                    max_pool_size=POOL_SIZE,
+                    version=version,
+                )
+            return docker.from_env(timeout=self.timeout, max_pool_size=POOL_SIZE, version=version)
+        except docker.errors.DockerException as error:
+            if timed_out(error):
+                raise EngineTimeout(
+                    f"the Docker engine did not answer within {self.timeout:g} s: {error}"
+                ) from None
+            raise RuntimeUnavailable(f"the Docker engine does not answer: {error}") from None
 
     @property
     def api(self) -> Any:
@@ -90,14 +134,25 @@ class Engine:
         try:
             yield
         except docker.errors.NotFound as error:
-            raise NotFound(f"Docker: cannot {what}: {_explanation(error)}", 404) from None
+            raise NotFound(f"Docker: cannot {what}: {explanation(error)}", 404) from None
         except docker.errors.APIError as error:
-            raise EngineRefused(
-                f"Docker refused to {what}: {_explanation(error)}", error.status_code
-            ) from None
-        except (requests.exceptions.ConnectionError, requests.exceptions.Timeout) as error:
+            reason = explanation(error)
+            ports = refused_ports(reason)
+            if ports is not None:
+                raise PortRefused(f"Docker refused to {what}: {reason}", ports) from None
+            raise EngineRefused(f"Docker refused to {what}: {reason}", error.status_code) from None
+        except (
+            requests.exceptions.ConnectionError,
+            requests.exceptions.Timeout,
+            urllib3.exceptions.HTTPError,
+            TimeoutError,
+        ) as error:
+            if timed_out(error):
+                raise EngineTimeout(
+                    f"the Docker engine did not answer in time ({what}): {error}"
+                ) from None
             raise RuntimeUnavailable(
-                f"the Docker engine did not answer ({what}): {error}"
+                f"the Docker engine cannot be reached ({what}): {error}"
             ) from None
         except docker.errors.DockerException as error:
             # the SDK refused the request itself (a bad argument): not the engine's absence
@@ -132,6 +187,30 @@ class Engine:
             return None
         return str(attributes["Id"])
 
+    def images(self, filters: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """Summaries (Id, RepoTags, Labels…) of the local images matching `filters`."""
+        result: list[dict[str, Any]] = self._call(
+            "list images", None, self.api.images, filters=dict(filters)
+        )
+        return result
+
+    def remove_image(self, reference: str) -> bool:
+        """Remove an image tag (its layers too when nothing else uses them).
+
+        Returns False when a container still uses it (nothing removed); an
+        image already gone counts as removed.
+        """
+        try:
+            self._call(f"remove image {reference}", None, self.api.remove_image, reference)
+        except NotFound:
+            return True
+        except EngineRefused as error:
+            if error.status == 409:
+                log.info("image %s is in use; kept", reference)
+                return False
+            raise
+        return True
+
     def pull(self, reference: str) -> str:
         """Pull `reference` (name:tag, "latest" when no tag is given) from its registry.
 
@@ -159,6 +238,7 @@ class Engine:
         image: str | None = None
         with self._mapped(what):
             stream = self.api.build(
+                timeout=int(self.build_timeout),
                 fileobj=io.BytesIO(context),
                 custom_context=True,
                 tag=tag,
@@ -214,6 +294,16 @@ class Engine:
         )
         return result
 
+    def network(self, network: str) -> dict[str, Any] | None:
+        """`docker network inspect`, or None when there is no such network."""
+        try:
+            result: dict[str, Any] = self._call(
+                f"inspect network {network}", None, self.api.inspect_network, network
+            )
+        except NotFound:
+            return None
+        return result
+
     def remove_network(self, network: str, key: str | None = None) -> None:
         """Remove a network; already gone counts as done."""
         try:
@@ -234,6 +324,13 @@ class Engine:
             if attributes is not None:
                 found.append(attributes)
         return found
+
+    def container_summaries(self, filters: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """`docker ps -a` entries (Id, Names, ImageID, Labels, State) matching `filters`."""
+        result: list[dict[str, Any]] = self._call(
+            "list containers", None, self.api.containers, all=True, filters=dict(filters)
+        )
+        return result
 
     def inspect(self, container: str, key: str | None = None) -> dict[str, Any] | None:
         """`docker inspect` of a container, or None when there is none."""
@@ -279,23 +376,50 @@ class Engine:
                 except docker.errors.APIError as error:
                     if error.status_code == 404:
                         raise
-                    if not _removal_in_progress(error):
+                    if not removal_in_progress(error):
                         raise
                     log.debug("%s: container %s is already being removed", key, container)
         except NotFound:
             log.debug("%s: container %s was already gone", key, container)
 
-    def execute(
-        self, container: str, command: Sequence[str], key: str, user: str = ""
-    ) -> tuple[int, str]:
-        """Run `command` in a running container; returns its exit code and output."""
-        what = f"run {command[0]} in {container}"
+    def kill_container(self, container: str, key: str | None = None) -> None:
+        """SIGKILL a container's init (and so every process of it); gone or stopped is done."""
+        try:
+            with self._mapped(f"kill container {container}", key):
+                try:
+                    self.api.kill(container, signal="SIGKILL")
+                except docker.errors.APIError as error:
+                    if error.status_code == 409 and "not running" in explanation(error).lower():
+                        return
+                    raise
+        except NotFound:
+            log.debug("%s: container %s was already gone", key, container)
+
+    def execute_detached(self, container: str, command: Sequence[str], key: str) -> None:
+        """Start `command` in a running container and return at once, never waiting for it.
+
+        The command's exit and output are never read: what runs in a session
+        is the user's, and may never end.
+        """
+        what = f"start {command[0]} in {container}"
         with self._mapped(what, key):
-            created = self.api.exec_create(container, list(command), user=user)
-            output = self.api.exec_start(created["Id"])
-            code = self.api.exec_inspect(created["Id"]).get("ExitCode")
-        text = output.decode(errors="replace") if isinstance(output, bytes) else str(output)
-        return (int(code) if code is not None else -1), text
+            created = self.api.exec_create(container, list(command), stdout=False, stderr=False)
+            self.api.exec_start(created["Id"], detach=True)
+
+    def output(self, container: str, key: str | None = None) -> tuple[str, str]:
+        """Everything a container wrote so far: its standard output and its standard error."""
+        streams = []
+        for stdout in (True, False):
+            data = self._call(
+                f"read the output of {container}",
+                key,
+                self.api.logs,
+                container,
+                stdout=stdout,
+                stderr=not stdout,
+            )
+            streams.append(data.decode(errors="replace") if isinstance(data, bytes) else str(data))
+        return streams[0], streams[1]
 
     def logs(self, container: str, lines: int = 30) -> str:
         """The last `lines` lines a container wrote; empty when it cannot be read."""
@@ -306,18 +430,3 @@ class Engine:
         except EngineRefused:
             return ""
         return output.decode(errors="replace") if isinstance(output, bytes) else str(output)
-
-
-def dumps(value: Any) -> str:
-    """JSON of an API payload with secrets masked, for debug logs."""
-
-    def mask(item: Any) -> Any:
-        if isinstance(item, dict):
-            return {key: mask(value) for key, value in item.items()}
-        if isinstance(item, list):
-            return [mask(value) for value in item]
-        if isinstance(item, str) and item.startswith("FTP_PASSWORD="):
-            return "FTP_PASSWORD=***"
-        return item
-
-    return json.dumps(mask(value), sort_keys=True)

@@ -33,6 +33,8 @@ FTP_CONTAINER_PORT = 2121
 # list these folders in LD_LIBRARY_PATH and PATH; the entrypoint adds them otherwise)
 DRIVER_LIBRARY_TARGET = PurePosixPath("/usr/local/nvidia/lib64")
 DRIVER_BINARY_TARGET = PurePosixPath("/usr/local/nvidia/bin")
+# where the session's host-written files (banner, motd, end, message) appear, read-only
+SESSION_FILES_TARGET = PurePosixPath("/etc/gpuresa/session")
 # where the host's shared SSH host keys and the FTPS certificate appear
 HOST_KEYS_TARGET = PurePosixPath("/etc/ssh/gpuresa-host-keys")
 FTP_TLS_TARGET = PurePosixPath("/etc/gpuresa-ftp/tls")
@@ -264,6 +266,11 @@ def _limits(limits: LimitsConfig) -> dict[str, Any]:
     return settings
 
 
+def resource_limits(limits: LimitsConfig) -> dict[str, Any]:
+    """The HostConfig settings of `[limits]` (shared memory, processes, CPUs, memory)."""
+    return _limits(limits)
+
+
 def _environment(values: Mapping[str, str]) -> list[str]:
     return [f"{name}={value}" for name, value in sorted(values.items())]
 
@@ -276,7 +283,7 @@ class MainContainer:
     uid: int
     authorized_keys: str
     output_dir: Path
-    end_text: str
+    session_files: Path
     command: tuple[str, ...] = ()
     gpu: GpuAccess = field(default_factory=GpuAccess)
     # the host's SSH host keys (a copy the container's root can read), if shared
@@ -289,7 +296,8 @@ def main_payload(
     """The create payload of a session's main container (sshd, the user's work).
 
     Mounts come from the config only (inputs read-only, the output folder
-    read-write, driver files read-only); never privileged, never the Docker
+    read-write, the session's host-written files and driver files
+    read-only); never privileged, never the Docker
     socket, every capability dropped but `MAIN_CAPABILITIES`. No
     no-new-privileges: it would stop sudo.
     """
@@ -301,8 +309,6 @@ def main_payload(
         "GPURESA_USER": spec.user,
         "GPURESA_UID": str(main.uid),
         "GPURESA_AUTHORIZED_KEYS": main.authorized_keys.rstrip("\n"),
-        "GPURESA_END": utc_text(spec.end),
-        "GPURESA_END_TEXT": main.end_text,
         "GPURESA_TEMPLATE": spec.template,
         "GPURESA_CUDA": spec.cuda or "",
         "GPURESA_GPUS": format_gpus(spec.gpus) or "none",
@@ -313,6 +319,7 @@ def main_payload(
     mounts = [
         *(_bind(mount.source, mount.target, read_only=True) for mount in inputs),
         _bind(main.output_dir, config.storage.output_target, read_only=False),
+        _bind(main.session_files, SESSION_FILES_TARGET, read_only=True),
         *main.gpu.mounts,
     ]
     if main.host_keys_dir is not None:

@@ -1,9 +1,11 @@
 #!/bin/sh
 # Start-up of a gpuresa session container (docker-init runs it as PID 1's child).
 # Given by gpuresa in the environment: GPURESA_USER, GPURESA_UID, the
-# authorized keys, the end time; arguments: the template's command, if any.
+# authorized keys; arguments: the template's command, if any.
 # Makes the login (once: a restarted container keeps it), its keys and sudo
-# rule, fresh host keys, the banner, then runs sshd in the foreground.
+# rule, fresh host keys, then runs sshd in the foreground. The banner, motd
+# and end time are not made here: gpuresa writes them on the host, in the
+# folder mounted read-only at /etc/gpuresa/session.
 set -eu
 
 fail() {
@@ -87,8 +89,7 @@ done
 mv "$environment_file.new" "$environment_file"
 mv "$profile_file.new" "$profile_file"
 
-# --- banner and motd with the end time; utmp so that `wall` reaches logins ---------
-/opt/gpuresa/set-end.sh "${GPURESA_END:?GPURESA_END is not set}" "${GPURESA_END_TEXT:-$GPURESA_END}"
+# --- utmp, so that `wall` reaches logins ----------------------------------------------
 touch /var/run/utmp
 chgrp utmp /var/run/utmp 2>/dev/null || true
 chmod 0664 /var/run/utmp

@@ -38,6 +38,17 @@ if [ -f /etc/pam.d/sshd ]; then
         -e '/pam_motd\.so/d' \
         /etc/pam.d/sshd
 fi
-rm -f /etc/motd /etc/update-motd.d/*
-chmod 0755 /opt/gpuresa/entrypoint.sh /opt/gpuresa/set-end.sh
-rm -f /opt/gpuresa/Dockerfile /opt/gpuresa/install.sh
+# The login gate: a session is prepared ahead with sshd running, and gpuresa lets
+# its user in at the start by removing this file from the read-only folder it
+# mounts (pam_nologin refuses every login but root's while the file is there).
+echo 'account required pam_nologin.so file=/etc/gpuresa/session/nologin' >>/etc/pam.d/sshd
+# The motd and end time are gpuresa's files in the read-only folder it mounts at
+# /etc/gpuresa/session (rewritten on the host when the end moves); the
+# template's own notes follow the motd in interactive login shells.
+rm -rf /etc/motd /etc/update-motd.d/* /etc/gpuresa/end
+ln -s /etc/gpuresa/session/motd /etc/motd
+ln -s session/end /etc/gpuresa/end
+cp /opt/gpuresa/template-motd.sh /etc/profile.d/gpuresa-template-motd.sh
+chmod 0644 /etc/profile.d/gpuresa-template-motd.sh
+chmod 0755 /opt/gpuresa/entrypoint.sh
+rm -f /opt/gpuresa/Dockerfile /opt/gpuresa/install.sh /opt/gpuresa/template-motd.sh

@@ -1,0 +1,162 @@
+"""Which notice goes to whom, with the key the outbox deduplicates it by.
+
+Every e-mail of the daemon goes through the outbox (`gpuresa.outbox`): a relay
+that hangs delays nothing but mail, and a notice is never lost or sent twice
+across restarts. The texts of the user's notices live in `gpuresa.notify`;
+those that only the daemon sends (a booking given to someone else, a change a
+running session cannot follow, the admin's reports) are here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from gpuresa.config import Config
+from gpuresa.model import Rejection, Session
+from gpuresa.notify import (
+    SUBJECT_PREFIX,
+    Notifier,
+    cancel_message,
+    end_message,
+    failure_message,
+    one_line,
+    rejection_message,
+    start_message,
+    warning_message,
+)
+from gpuresa.outbox import Outbox
+from gpuresa.outputs.messages import end_details, start_details
+
+log = logging.getLogger(__name__)
+
+
+def _digest(*parts: object) -> str:
+    return hashlib.sha256("\0".join(map(str, parts)).encode()).hexdigest()[:16]
+
+
+@dataclass
+class Notices:
+    """The daemon's notices, queued in the outbox; nothing here waits on SMTP."""
+
+    config: Config
+    notifier: Notifier
+    outbox: Outbox
+
+    @property
+    def _timezone(self) -> str:
+        return self.config.reservations.timezone
+
+    def _public_host(self) -> str:
+        host = self.config.host()
+        return host.public_name or host.name
+
+    def _to_user(
+        self, key: str, kind: str | None, user: str, email: str | None, message: tuple[str, str]
+    ) -> bool:
+        address = self.notifier.address_for(user, email)
+        if address is None:
+            return False
+        subject, body = message
+        return bool(self.outbox.enqueue(key, kind, address, subject, body))
+
+    def to_admin(self, key: str, kind: str | None, subject: str, body: str) -> bool:
+        """A report for the admin (notify.admin), once per (key, kind)."""
+        log.warning("%s: %s", key, subject)
+        admin = self.config.notify.admin
+        if not admin:
+            return False
+        return bool(self.outbox.enqueue(key, kind, admin, f"{SUBJECT_PREFIX} {subject}", body))
+
+    def start(self, session: Session, email: str | None) -> bool:
+        """The start notice (SSH line, FTP details); again only when these details change."""
+        kind = "start-" + _digest(session.ssh_port, session.ftp_port, session.ftp_password)
+        message = start_message(
+            session, self._public_host(), self._timezone, details=self._start_details(session)
+        )
+        return self._to_user(session.key, kind, session.user, email or session.email, message)
+
+    def warning(self, session: Session, before: timedelta, end: datetime, now: datetime) -> None:
+        kind = f"warning-{int(before.total_seconds())}-{end.isoformat()}"
+        message = warning_message(session, end - now, self._timezone)
+        self._to_user(session.key, kind, session.user, session.email, message)
+
+    def _start_details(self, session: Session) -> str:
+        """Host keys and the output service for the start notice; none if unreadable."""
+        try:
+            return start_details(self.config, session, self._public_host())
+        except OSError as error:
+            log.error("%s: host keys left out of the start notice: %s", session.key, error)
+            return ""
+
+    def output_notice(
+        self, key: str, kind: str, user: str, email: str | None, message: tuple[str, str]
+    ) -> bool:
+        """A notice about outputs (removal, a full disk), once per (key, kind)."""
+        return self._to_user(key, kind, user, email, message)
+
+    def end(self, session: Session) -> None:
+        details = end_details(self.config, session, self._public_host(), datetime.now(UTC))
+        message = end_message(session, session.output_dir, self._timezone, details=details)
+        self._to_user(session.key, "end", session.user, session.email, message)
+
+    def cancelled(self, session: Session, stop_at: datetime) -> None:
+        message = cancel_message(session, stop_at, self._timezone)
+        self._to_user(session.key, "cancel", session.user, session.email, message)
+
+    def reassigned(self, session: Session, new_user: str) -> None:
+        """The old user of a booking that now names someone else: their session has ended."""
+        subject = f"{SUBJECT_PREFIX} Your GPU session on {session.host} was stopped"
+        body = f"""\
+Hello {session.user},
+
+the booking of your GPU session on {session.host} now names another login
+({one_line(new_user, 40)}), so your session was stopped.
+
+What you saved in the session's output folder is kept on {session.host} in:
+
+  {session.output_dir}
+
+If this is a mistake, ask whoever manages the booking to change it back.
+
+Reservation: {one_line(session.key)}
+"""
+        self._to_user(
+            session.key, f"reassigned-{new_user}", session.user, session.email, (subject, body)
+        )
+
+    def change_refused(self, key: str, user: str, email: str | None, change: str) -> None:
+        """A running session keeps what it started with; its user learns the change waits."""
+        subject = f"{SUBJECT_PREFIX} Your running session keeps its settings"
+        body = f"""\
+Hello {user},
+
+the booking of your running GPU session changed ({one_line(change, 200)}).
+A running session keeps the template and GPUs it started with: changing
+them would mean new containers, and your running processes would be lost.
+
+To use the new settings, end this booking and make a new one (or wait for
+the next one): it starts with what the booking says.
+
+Reservation: {one_line(key)}
+"""
+        self._to_user(key, f"change-{_digest(change)}", user, email, (subject, body))
+
+    def failure(self, key: str, user: str, email: str | None, reason: str) -> None:
+        """A booking that cannot be served: its user (admin in copy), once per key."""
+        subject, body = failure_message(key, user, reason, host=self.config.daemon.host)
+        address = self.notifier.address_for(user, email) if user else None
+        if address is not None:
+            self.outbox.enqueue(key, "failed", address, subject, body, copy_admin=True)
+        elif self.config.notify.admin:
+            self.outbox.enqueue(key, "failed", self.config.notify.admin, subject, body)
+
+    def rejected(self, rejection: Rejection) -> None:
+        """A booking rejected with a reason: its user, once per reason."""
+        if rejection.user is None and rejection.email is None:
+            return
+        message = rejection_message(rejection, self._timezone)
+        kind = "rejected-" + _digest(rejection.reason)
+        self._to_user(rejection.key, kind, rejection.user or "", rejection.email, message)

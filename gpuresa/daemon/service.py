@@ -1,0 +1,225 @@
+"""The service: one daemon per state directory, its threads, signals and the watchdog.
+
+`Daemon.start()` takes the state directory's lock, opens the journal and
+starts the loop and the outbox; `run()` adds the signals and systemd's
+notifications and blocks until SIGTERM or SIGINT. Sessions are Docker's and
+outlive the daemon: stopping it ends only its threads, within a few seconds
+whatever is in flight, and the next start adopts what runs and finishes what
+was cut short.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import fcntl
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from pathlib import Path
+from types import FrameType
+from typing import IO
+
+from gpuresa import systemd
+from gpuresa.config import Config, load_config
+from gpuresa.daemon.loop import Loop
+from gpuresa.daemon.state import Context, utc_now
+from gpuresa.errors import UserError
+from gpuresa.journal import Journal
+from gpuresa.journal_guard import open_journal
+from gpuresa.model import Session
+from gpuresa.notify import Notifier
+from gpuresa.outbox import Outbox
+from gpuresa.outputs.disk import disk_warnings
+from gpuresa.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+# With the loop silent for this long, the daemon counts as stuck (the loop
+# never waits on anything outside, so this means a bug): the watchdog restarts it.
+STUCK_AFTER = timedelta(minutes=2)
+# How long a shutdown waits for actions under way to finish (SIGTERM must end
+# the daemon within 5 s, whatever is in flight).
+SHUTDOWN_WAIT = 3.0
+
+
+def journal_path(config: Config) -> Path:
+    return config.daemon.state_dir / "journal.sqlite"
+
+
+class Daemon:
+    """gpuresa's service. `run()` blocks until SIGTERM/SIGINT; sessions outlive it."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        runtime: Runtime | None = None,
+        clock: Callable[[], datetime] = utc_now,
+        on_start: Callable[[Session, str], None] | None = None,
+    ) -> None:
+        self.config = config
+        self._runtime = runtime
+        self._clock = clock
+        self._on_start = on_start
+        self.lock_file: IO[str] | None = None
+        self.stopping = threading.Event()
+        self.loop: Loop | None = None
+        self.outbox: Outbox | None = None
+        self._thread: threading.Thread | None = None
+        self._journal: Journal | None = None
+
+    @property
+    def journal(self) -> Journal:
+        if self._journal is None:
+            raise RuntimeError("the daemon has not started")
+        return self._journal
+
+    @property
+    def docker_backoff(self) -> timedelta:
+        return self.loop.docker_backoff if self.loop is not None else timedelta(seconds=1)
+
+    # --- life cycle ----------------------------------------------------------------
+
+    def start(self) -> None:
+        """Take the state directory's lock, open the journal, start the loop and the outbox.
+
+        Raises `UserError` when another daemon already uses the state directory:
+        two daemons would start the same sessions and remove each other's.
+        """
+        state_dir = self.config.daemon.state_dir
+        state_dir.mkdir(parents=True, exist_ok=True)
+        lock_path = state_dir / "daemon.lock"
+        self.lock_file = lock_path.open("a+")
+        try:
+            fcntl.flock(self.lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.lock_file.close()
+            self.lock_file = None
+            other = "?"
+            try:
+                with Journal(journal_path(self.config), read_only=True) as journal:
+                    other = journal.get_meta("daemon_pid") or "?"
+            except UserError:
+                pass
+            raise UserError(
+                f"another gpuresa daemon (pid {other}) uses {state_dir}; "
+                "stop it first (systemctl stop gpuresa)"
+            ) from None
+        journal, problem = open_journal(journal_path(self.config))
+        self._journal = journal
+        journal.set_meta("daemon_pid", str(os.getpid()))
+        self.outbox = Outbox(journal, _notifier(self.config), clock=self._clock)
+        context = Context(
+            self.config, journal, self.outbox, runtime=self._runtime, clock=self._clock
+        )
+        if problem:
+            context.notices.to_admin(
+                f"journal:{self.config.daemon.host}",
+                f"journal-{self._clock().isoformat()}",
+                "the journal could not be opened and was set aside",
+                f"{problem}\n\nThe daemon goes on with a new journal and rebuilds what runs "
+                "from Docker's labels. Past history is in the file set aside.\n",
+            )
+        for warning in disk_warnings(self.config):
+            log.warning("%s", warning)
+        self.loop = Loop(context, on_start=self._on_start)
+        self.outbox.start()
+        self._thread = threading.Thread(target=self.loop.run, name="gpuresa-loop", daemon=True)
+        self._thread.start()
+        log.info(
+            "gpuresa started for host %s: %d calendar(s), polled every %ss",
+            self.config.daemon.host,
+            len(self.config.calendars),
+            int(self.config.daemon.poll_interval.total_seconds()),
+        )
+
+    def run(self) -> None:
+        """Run until SIGTERM or SIGINT; SIGHUP reloads the config."""
+        signal.signal(signal.SIGTERM, self._on_stop_signal)
+        signal.signal(signal.SIGINT, self._on_stop_signal)
+        signal.signal(signal.SIGHUP, self._on_reload_signal)
+        # `kill -USR1` prints every thread's stack to the log: how to see what a hung daemon does
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+        self.start()
+        systemd.ready(f"watching {len(self.config.calendars)} calendar(s)")
+        interval = systemd.watchdog_interval()
+        beat = min(interval / 2, 5.0) if interval else 5.0
+        try:
+            while not self.stopping.wait(beat):
+                self._feed_watchdog()
+        finally:
+            systemd.stopping()
+            self.shutdown()
+
+    def shutdown(self) -> None:
+        """Stop the loop and the outbox (a few seconds at most); sessions go on in Docker.
+
+        Actions still under way are abandoned (their threads are daemon
+        threads); what they did not finish is finished after the next start.
+        """
+        log.info("gpuresa stopping; running sessions go on and will be adopted at the next start")
+        self.stopping.set()
+        deadline = time.monotonic() + SHUTDOWN_WAIT
+        if self.loop is not None:
+            self.loop.stopping.set()
+            self.loop.wake()
+        if self._thread is not None:
+            self._thread.join(max(deadline - time.monotonic(), 0.1))
+        if self.outbox is not None:
+            self.outbox.stop(timeout=max(deadline - time.monotonic(), 0.1))
+        if self.loop is not None:
+            # a stop whose containers are gone has only its journal lines left to write
+            while self.loop.executor.all_in_flight() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            busy = sorted(
+                f"{entry.what} {entry.key}" for entry in self.loop.executor.all_in_flight()
+            )
+            if busy:
+                log.warning("left under way, to be finished after the next start: %s", busy)
+        if self._journal is not None:
+            self._journal.close()
+        if self.lock_file is not None:
+            self.lock_file.close()  # releases the state directory's lock
+            self.lock_file = None
+
+    def _on_stop_signal(self, number: int, frame: FrameType | None) -> None:
+        log.info("received %s", signal.Signals(number).name)
+        self.stopping.set()
+
+    def _on_reload_signal(self, number: int, frame: FrameType | None) -> None:
+        if self.loop is not None:
+            self.loop.post(self.reload)
+
+    def reload(self) -> None:
+        """Read the config file again (on the loop); a bad file is logged and the old one kept."""
+        path = self.config.source
+        try:
+            config = load_config(path)
+        except UserError as error:
+            log.error("reload refused, keeping the running config: %s", error)
+            return
+        self.config = config
+        if self.loop is not None and self.outbox is not None:
+            old = self.loop.context
+            self.outbox.set_notifier(_notifier(config))
+            self.loop.context = Context(config, old.journal, self.outbox, clock=self._clock)
+            self.loop.request_round()
+        log.info("configuration reloaded from %s", path)
+
+    def _feed_watchdog(self) -> None:
+        """Tell systemd we are alive, unless the loop has not turned for too long."""
+        if self.loop is None:
+            return
+        silent = time.monotonic() - self.loop.heartbeat
+        if silent < STUCK_AFTER.total_seconds():
+            systemd.watchdog()
+        else:
+            log.error("the loop has not turned for %d s; letting the watchdog restart us", silent)
+
+
+def _notifier(config: Config) -> Notifier:
+    return Notifier(config.notify, config.users)

@@ -1,0 +1,108 @@
+"""The daemon's gateways for one configuration: calendars, Docker, journal, notices.
+
+A reload makes a new `Context` from the new configuration; actions already
+under way finish with the one they began with. The journal and the outbox
+outlive reloads.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from gpuresa.calendars import CalendarReport, Calendars
+from gpuresa.config import Config
+from gpuresa.daemon.notices import Notices
+from gpuresa.daemon.work import Work
+from gpuresa.journal import Journal
+from gpuresa.model import Rejection
+from gpuresa.notify import Notifier
+from gpuresa.outbox import Outbox
+from gpuresa.outputs.duties import OutputDuties
+from gpuresa.outputs.service import OutputService
+from gpuresa.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+# Journal states of bookings that have (or had) their session, which keep their slot.
+HELD_STATES = frozenset({"preparing", "running", "warned", "stopping", "ended"})
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Context:
+    """Config, clock and gateways, as the loop and the workers use them."""
+
+    def __init__(
+        self,
+        config: Config,
+        journal: Journal,
+        outbox: Outbox,
+        *,
+        runtime: Runtime | None = None,
+        clock: Callable[[], datetime] = utc_now,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.journal = journal
+        self.outbox = outbox
+        self.runtime = runtime or Runtime(config)
+        self.calendars = Calendars(config)
+        self.notifier = Notifier(config.notify, config.users)
+        self.notices = Notices(config, self.notifier, outbox)
+        self.work = Work(config, self.runtime, journal, self.notices)
+        self.outputs = OutputDuties(OutputService(config, self.runtime))
+
+    def public_host(self) -> str:
+        host = self.config.host()
+        return host.public_name or host.name
+
+    def poll(
+        self, now: datetime, holding: frozenset[str]
+    ) -> tuple[CalendarReport, list[Rejection]]:
+        """Read the calendars and journal what they say (on the poll thread).
+
+        `holding`: keys with a prepared or running session, which keep their
+        slot in an over-booking. Returns the report and the rejections that are
+        new (or have a new reason), whose users are told.
+        """
+        host = self.config.daemon.host
+        # a booking that had its session keeps its slot after the session too: the one it
+        # beat must not start for the rest of the time, nor its user be told it lost late
+        held = {
+            key for key, state in self.journal.states().items() if state in HELD_STATES
+        } | holding
+        report = self.calendars.poll(
+            now, first_seen=self.journal.first_seen_times(), holding=frozenset(held)
+        )
+        found = report.reservations
+        new_rejections = self.journal.record_reservations(found.reservations, found.rejected, now)
+        for reservation in found.reservations:
+            if reservation.host == host and self.journal.state(reservation.key) in (
+                None,
+                "rejected",
+            ):
+                self.journal.set_state(reservation.key, "booked", now)
+        for name, freshness in report.freshness.items():
+            self.journal.record_calendar(name, freshness.last_success, freshness.last_error, now)
+        return report, new_rejections
+
+    def reject(self, rejection: Rejection) -> None:
+        """Journal a rejection and tell its user, once per reason (on the loop)."""
+        config = self.config
+        calendar = next(
+            (item for item in config.calendars if item.name == rejection.calendar), None
+        )
+        if calendar is not None and calendar.host not in (None, config.daemon.host):
+            return  # that host's daemon tells the user
+        # a calendar whose events name their host (LOCATION) is read by every host's
+        # daemon: the first host in the config speaks for all, so users get one e-mail
+        speaks_for_all = not config.hosts or config.daemon.host == config.hosts[0].name
+        self.journal.set_state(rejection.key, "rejected", self.clock(), rejection.reason)
+        if calendar is not None and calendar.host is None and not speaks_for_all:
+            return
+        log.warning("%s: rejected: %s", rejection.key, rejection.reason)
+        self.notices.rejected(rejection)

@@ -1,0 +1,203 @@
+"""What each action does, run on a worker thread: Docker, then the journal, then the outbox.
+
+Nothing here decides, and nothing here touches the loop's memory: each
+function returns what happened (or raises), and the loop updates its memory
+from that on its own thread. Every function is safe to run at the same time
+as the others for other sessions.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+
+from gpuresa.config import Config
+from gpuresa.daemon.notices import Notices
+from gpuresa.daemon.records import session_from_record, session_record
+from gpuresa.journal import Journal
+from gpuresa.model import Session, SessionSpec
+from gpuresa.notify import wall_text
+from gpuresa.plan import (
+    Extend,
+    Fail,
+    NotifyCancel,
+    NotifyChange,
+    Prepare,
+    Recreate,
+    Start,
+    Stop,
+    Warn,
+)
+from gpuresa.runtime import Runtime
+from gpuresa.runtime.errors import ImageMissing
+
+log = logging.getLogger(__name__)
+
+# What a stop turns the journal state into, by the stop's reason.
+FINAL_STATE = {
+    "ended": "ended",
+    "cancelled": "cancelled",
+    "orphan": "removed",
+    # a prepared session that no longer fits its booking: prepared again later
+    "replan": "booked",
+    # the booking now names another login: the new user's session starts later
+    "reassigned": "booked",
+}
+
+
+@dataclass(frozen=True)
+class Started:
+    """A start that finished: the session runs (SSH and FTP answer)."""
+
+    session: Session
+
+
+@dataclass(frozen=True)
+class Done:
+    """An action that finished with nothing more to report."""
+
+
+@dataclass
+class Work:
+    """The actions' side effects, with the config, runtime and notices of one moment.
+
+    A reload makes a new `Work`; actions already under way finish with the old one.
+    """
+
+    config: Config
+    runtime: Runtime
+    journal: Journal
+    notices: Notices
+
+    # --- starting ---------------------------------------------------------------------
+
+    def _require_image(self, spec: SessionSpec) -> None:
+        """Raise `ImageMissing` when the session's image is not here yet (never builds)."""
+        if not self.runtime.image_present(spec.template, spec.cuda):
+            raise ImageMissing(
+                f"the image of {spec.template} (CUDA {spec.cuda or 'default'}) is being built",
+                spec.template,
+                spec.cuda,
+            )
+
+    def prepare(self, action: Prepare, now: datetime) -> Done:
+        assert action.spec is not None
+        self._require_image(action.spec)
+        self.journal.set_state(action.key, "preparing", now)
+        self.runtime.prepare(action.spec)
+        return Done()
+
+    def start(self, action: Start | Recreate, before: Session | None, now: datetime) -> Started:
+        spec = action.spec
+        assert spec is not None
+        if before is None or before.state != "created":
+            self._require_image(spec)
+        if isinstance(action, Recreate):
+            # start what is down (often only the FTP sidecar): the user's processes in a
+            # running main container go on
+            log.warning("%s: a container exited before the end; starting it again", spec.key)
+        self.journal.set_state(spec.key, "preparing", now)
+        session = self.runtime.start(spec)
+        self.journal.set_state(spec.key, "running", now, f"ssh port {session.ssh_port}")
+        self.notices.start(session, spec.email)
+        return Started(session)
+
+    # --- stopping ---------------------------------------------------------------------
+
+    def stop(
+        self, action: Stop, session: Session | None, new_user: str | None, now: datetime
+    ) -> Done:
+        key = action.key
+        self.journal.set_state(key, "stopping", now, action.reason)
+        told = session is not None and session.state != "created"
+        if told and session is not None and action.reason in ("ended", "cancelled", "reassigned"):
+            # what the end notice needs, should a restart interrupt this stop
+            self.journal.set_meta(f"stopping:{key}", session_record(session, action.reason))
+        self.runtime.stop(key, action.grace)
+        self.journal.set_state(key, FINAL_STATE[action.reason], now, action.reason)
+        self.journal.delete_meta(f"missing:{key}")
+        if session is not None and told and action.reason != "orphan":
+            if action.reason == "reassigned":
+                self.notices.reassigned(session, new_user or "another login")
+            elif action.reason != "replan":
+                self.notices.end(session)
+        self.journal.delete_meta(f"stopping:{key}")
+        return Done()
+
+    def kill(self, key: str) -> Done:
+        """A stop that overran its deadline: everything of the session goes now."""
+        self.runtime.kill(key)
+        return Done()
+
+    def finish_interrupted_stop(self, key: str, record: str, now: datetime) -> Done:
+        """A stop a restart cut short after the containers went: hand-over and end notice."""
+        try:
+            session, reason = session_from_record(record)
+        except (ValueError, KeyError, TypeError):
+            log.error("%s: unreadable record of an interrupted stop; dropped", key)
+            self.journal.delete_meta(f"stopping:{key}")
+            return Done()
+        log.info("%s: finishing a stop that a restart interrupted", key)
+        self.runtime.finish_stop(session)
+        final = "cancelled" if reason == "cancelled" else "ended"
+        self.journal.set_state(key, final, now, f"{reason} (finished after a restart)")
+        if reason != "reassigned":
+            self.notices.end(session)
+        self.journal.delete_meta(f"stopping:{key}")
+        return Done()
+
+    # --- during a session ---------------------------------------------------------------
+
+    def extend(self, action: Extend) -> Done:
+        self.runtime.extend(action.key, action.end)
+        return Done()
+
+    def warn(self, action: Warn, session: Session | None, now: datetime) -> Done:
+        """The warning before the end: inside the session (best effort) and by e-mail."""
+        self.journal.set_state(action.key, "warned", now, action.describe())
+        if session is None:
+            return Done()
+        timezone = self.config.reservations.timezone
+        self.notices.warning(session, action.before, action.end, now)
+        self.runtime.message(action.key, wall_text(action.end - now, action.end, timezone))
+        return Done()
+
+    def notify_cancel(self, action: NotifyCancel, session: Session | None, now: datetime) -> Done:
+        if session is None:
+            return Done()
+        timezone = self.config.reservations.timezone
+        self.notices.cancelled(session, action.stop_at)
+        self.runtime.message(action.key, wall_text(action.stop_at - now, action.stop_at, timezone))
+        return Done()
+
+    def notify_change(self, action: NotifyChange) -> Done:
+        self.notices.change_refused(action.key, action.user, action.email, action.change)
+        return Done()
+
+    def fail(self, action: Fail, now: datetime) -> Done:
+        self.journal.set_state(action.key, "failed", now, action.reason)
+        log.error("%s: cannot be served: %s", action.key, action.reason)
+        self.notices.failure(action.key, action.user, action.email, action.reason)
+        return Done()
+
+    def build(self, template: str | None, cuda: str | None) -> Done:
+        """Build an image (the FTP sidecar's for `template` None): minutes, on its own thread."""
+        if template is None:
+            self.runtime.ensure_ftp_image()
+        else:
+            self.runtime.ensure_image(template, cuda)
+        return Done()
+
+
+def deadline_of(action: object) -> float:
+    """Seconds an action may take before the loop reports it and escalates.
+
+    A start waits up to 30 s for sshd and FTP after creating what is missing; a
+    stop waits the grace period for the user's processes, then kills.
+    """
+    if isinstance(action, Stop):
+        return action.grace.total_seconds() + 60
+    if isinstance(action, (Start, Recreate, Prepare)):
+        return 120
+    return 60

@@ -1,0 +1,142 @@
+"""A container's processes seen from the host: found in its cgroup, signalled directly.
+
+Stopping a session must never run anything in it: the user is root there and
+may have replaced every tool (`pkill`, `kill`, `timeout`…) with one that never
+returns. So the processes are read from the container's cgroup on the host
+(`/proc/<init>/cgroup` names it; its `cgroup.procs` lists every member, in
+cgroups v1, v2 and the hybrid layout) and signalled with `pidfd_send_signal`,
+after checking through the pidfd's process that it is still a member (a pid
+reused by another program between the listing and the signal is left alone).
+
+The container's init (Docker's, `"Init": true`) and its first child (the
+entrypoint that became sshd) are kept out of the SIGTERM: if sshd exited, the
+init would exit and the kernel would SIGKILL the user's processes before their
+grace was over. They go with the SIGKILL that ends the stop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+PROC = Path("/proc")
+# cgroups v1 controllers every Docker container is in, tried in this order
+_V1_CONTROLLERS = ("pids", "memory", "freezer", "cpu")
+
+
+def cgroup_of(pid: int) -> Path | None:
+    """The cgroup folder holding process `pid`, or None when it is gone or has none.
+
+    cgroups v1 (a controller's hierarchy), v2, or hybrid (v1 controllers plus
+    /sys/fs/cgroup/unified): the first folder that exists with a cgroup.procs.
+    """
+    try:
+        lines = (PROC / str(pid) / "cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    by_controller: dict[str, str] = {}
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        for controller in controllers.split(",") if controllers else [""]:
+            by_controller[controller] = path
+    candidates = [
+        CGROUP_ROOT / controller / by_controller[controller].lstrip("/")
+        for controller in _V1_CONTROLLERS
+        if controller in by_controller
+    ]
+    if "" in by_controller:
+        unified = by_controller[""].lstrip("/")
+        candidates += [CGROUP_ROOT / unified, CGROUP_ROOT / "unified" / unified]
+    for folder in candidates:
+        # "/" would be the host's root cgroup: never a container's
+        if (
+            folder not in (CGROUP_ROOT, CGROUP_ROOT / "unified")
+            and (folder / "cgroup.procs").is_file()
+        ):
+            return folder
+    return None
+
+
+def members(folder: Path) -> set[int]:
+    """Every process in cgroup `folder` and the cgroups below it (host pids)."""
+    found: set[int] = set()
+    for current, _, _ in os.walk(folder):
+        with contextlib.suppress(OSError):
+            text = (Path(current) / "cgroup.procs").read_text()
+            found.update(int(line) for line in text.split() if line.isdigit())
+    return found
+
+
+def _stat(pid: int) -> tuple[int, int] | None:
+    """A process's parent pid and start time (clock ticks after boot), or None when gone."""
+    try:
+        text = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    # the command name (field 2) is in parentheses and may hold spaces or ")"
+    fields = text[text.rindex(")") + 2 :].split()
+    return int(fields[1]), int(fields[19])
+
+
+def processes_to_end(init_pid: int, folder: Path) -> set[int]:
+    """The processes of a container that a stop sends SIGTERM: all but its init and main process.
+
+    Given the host pid of the container's init and its cgroup folder. The
+    main process is the init's oldest child (orphans adopted by the init
+    later are the user's and are included).
+    """
+    found = members(folder)
+    children = []
+    for pid in found:
+        details = _stat(pid)
+        if details is not None and details[0] == init_pid:
+            children.append((details[1], pid))
+    kept = {init_pid}
+    if children:
+        kept.add(min(children)[1])
+    return found - kept
+
+
+def send(pids: set[int], number: signal.Signals, folder: Path) -> int:
+    """Send signal `number` to each of `pids` still in cgroup `folder`; returns how many got it."""
+    sent = 0
+    for pid in sorted(pids):
+        try:
+            descriptor = os.pidfd_open(pid)
+        except OSError:
+            continue  # already gone
+        try:
+            # the pidfd holds this very process: check it is still the container's
+            if cgroup_of(pid) != folder:
+                continue
+            signal.pidfd_send_signal(descriptor, number)
+            sent += 1
+        except ProcessLookupError:
+            continue
+        except PermissionError as error:
+            log.warning("cannot signal process %d: %s (gpuresa needs CAP_KILL)", pid, error)
+        finally:
+            os.close(descriptor)
+    return sent
+
+
+def remaining(init_pid: int, folder: Path) -> set[int]:
+    """The processes a stop still waits for: `processes_to_end` less the zombies.
+
+    Processes started after the SIGTERM (a handler saving its work) count too.
+    """
+    running = set()
+    for pid in processes_to_end(init_pid, folder):
+        try:
+            text = (PROC / str(pid) / "stat").read_text()
+        except OSError:
+            continue
+        if text[text.rindex(")") + 2 :].split()[0] != "Z":
+            running.add(pid)
+    return running

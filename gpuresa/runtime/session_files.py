@@ -1,0 +1,193 @@
+"""What a session shows its user, written on the host: banner, motd, end time, last message.
+
+Also the login gate: while the file `nologin` is there, sshd refuses every
+login (PAM's pam_nologin reads it, see templates/access/install.sh). A session
+is prepared ahead with its containers running behind the gate, so starting it
+at its start time is only the removal of that file: no Docker call, and as
+fast for eight sessions at once as for one.
+
+Each session has a folder `<state_dir>/sessions/<safe key>/`, bind-mounted
+read-only at `/etc/gpuresa/session` in its main container: sshd's `Banner`
+and `/etc/motd` point there. gpuresa rewrites these files when the end moves
+or a warning is due, and never runs anything in the container to do it (the
+user is root there and may have replaced any program).
+
+The user cannot use the folder against the host: it is read-only in the
+container, owned by root on the host (nobody in the container's user
+namespace), and in a folder only root can write. Files are written through a
+descriptor of the folder (opened without following links), into a fresh file
+made with O_EXCL|O_NOFOLLOW, then renamed over the old one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import shutil
+import stat
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path, PurePath
+from zoneinfo import ZoneInfo
+
+from gpuresa.notify import printable
+from gpuresa.runtime.errors import SessionError
+from gpuresa.runtime.payload import safe_key, utc_text
+
+log = logging.getLogger(__name__)
+
+FOLDER_MODE = 0o755
+# the login gate's file name (see the module)
+GATE = "nologin"
+FILE_MODE = 0o644
+
+
+def end_text(end: datetime, timezone: str) -> str:
+    """An end time for people: in the site's time zone, with UTC alongside."""
+    local = end.astimezone(ZoneInfo(timezone))
+    utc = end.astimezone(UTC)
+    if timezone == "UTC":
+        return f"{utc:%Y-%m-%d %H:%M} UTC"
+    return f"{local:%Y-%m-%d %H:%M} {local.tzname()} ({utc:%H:%M} UTC)"
+
+
+@dataclass(frozen=True)
+class SessionFacts:
+    """What the banner and motd say about a session."""
+
+    user: str
+    template: str
+    cuda: str | None
+    gpus: Sequence[int]
+    end: datetime
+    output_target: PurePath
+    input_targets: Sequence[PurePath] = ()
+
+
+def banner_text(facts: SessionFacts, timezone: str) -> str:
+    """sshd's login banner: one line with who, what and until when."""
+    template = facts.template + (f" (CUDA {facts.cuda})" if facts.cuda else "")
+    text = end_text(facts.end, timezone)
+    return printable(f"gpuresa session of {facts.user}, template {template}: ends at {text}\n")
+
+
+def motd_text(facts: SessionFacts, timezone: str) -> str:
+    """The message of the day after login: the session, its end, where to keep results."""
+    template = facts.template + (f" (CUDA {facts.cuda})" if facts.cuda else "")
+    gpus = ",".join(str(index) for index in facts.gpus) or "none"
+    output = facts.output_target
+    lines = [
+        "",
+        f"  gpuresa session of {facts.user}: template {template}, GPUs: {gpus}",
+        f"  Ends at {end_text(facts.end, timezone)}; the container and everything outside "
+        f"{output} are then deleted.",
+        f"  Keep your results in {output} (also served by FTP, kept after the session).",
+    ]
+    if facts.input_targets:
+        inputs = " ".join(str(target) for target in facts.input_targets)
+        lines.append(f"  Input data (read-only): {inputs}")
+    return printable("\n".join([*lines, "", ""]))
+
+
+class SessionFiles:
+    """The per-session folders under `root` (`<state_dir>/sessions`)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def path(self, key: str) -> Path:
+        """The folder of session `key` on the host (what is mounted in the container)."""
+        return self.root / safe_key(key)
+
+    def show_facts(self, key: str, facts: SessionFacts, timezone: str) -> Path:
+        """Write the banner, motd and end of session `key`; returns its folder.
+
+        Raises `SessionError` when the folder cannot be made or written safely.
+        """
+        with self._folder(key) as folder:
+            _write(folder, "end", utc_text(facts.end) + "\n")
+            _write(folder, "banner", banner_text(facts, timezone))
+            _write(folder, "motd", motd_text(facts, timezone))
+        return self.path(key)
+
+    def show_message(self, key: str, text: str, now: datetime) -> None:
+        """Keep `text` as the session's last message (`message`, with when it was sent)."""
+        with self._folder(key) as folder:
+            _write(folder, "message", printable(f"[{utc_text(now)}] {text.rstrip()}\n"))
+
+    def close_gate(self, key: str, text: str) -> None:
+        """Refuse logins to session `key`, showing `text` to who tries."""
+        with self._folder(key) as folder:
+            _write(folder, GATE, printable(text.rstrip() + "\n"))
+
+    def open_gate(self, key: str) -> None:
+        """Let the user of session `key` log in (nothing happens when it is open)."""
+        with self._folder(key) as folder, contextlib.suppress(FileNotFoundError):
+            os.unlink(GATE, dir_fd=folder)
+
+    def gated(self, key: str) -> bool:
+        """Whether logins to session `key` are refused for now."""
+        return (self.path(key) / GATE).is_file()
+
+    def remove(self, key: str) -> None:
+        """Delete the folder of session `key` (never following links); logs, never raises."""
+        path = self.path(key)
+        try:
+            shutil.rmtree(path)
+        except FileNotFoundError:
+            pass
+        except OSError as error:
+            log.warning("%s: cannot remove %s: %s", key, path, error)
+
+    @contextlib.contextmanager
+    def _folder(self, key: str) -> Iterator[int]:
+        """A descriptor of the session's folder, made if missing, checked to be root's alone."""
+        path = self.path(key)
+        try:
+            self.root.mkdir(mode=FOLDER_MODE, parents=True, exist_ok=True)
+            parent = _open_folder(self.root)
+            try:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(path.name, FOLDER_MODE, dir_fd=parent)
+                folder = _open_folder(Path(path.name), parent)
+            finally:
+                os.close(parent)
+            try:
+                os.fchmod(folder, FOLDER_MODE)
+                yield folder
+            finally:
+                os.close(folder)
+        except OSError as error:
+            raise SessionError(
+                f"cannot write the session files of {key} in {path}: {error}"
+            ) from None
+
+
+def _open_folder(path: Path, parent: int | None = None) -> int:
+    """Open a folder that must be ours alone: no link, owned by us, writable by nobody else."""
+    descriptor = os.open(
+        path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent
+    )
+    details = os.fstat(descriptor)
+    if details.st_uid != os.geteuid() or details.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        os.close(descriptor)
+        raise PermissionError(
+            f"{path} must belong to uid {os.geteuid()} and be writable by it only"
+        )
+    return descriptor
+
+
+def _write(folder: int, name: str, text: str) -> None:
+    """Replace `name` in the folder `folder` by a fresh file holding `text`."""
+    temporary = f".{name}.{secrets.token_hex(6)}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    descriptor = os.open(temporary, flags, FILE_MODE, dir_fd=folder)
+    try:
+        os.fchmod(descriptor, FILE_MODE)
+        os.write(descriptor, text.encode("utf-8"))
+    finally:
+        os.close(descriptor)
+    os.replace(temporary, name, src_dir_fd=folder, dst_dir_fd=folder)

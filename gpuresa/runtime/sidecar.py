@@ -1,0 +1,102 @@
+"""An FTP sidecar that went away while its session's main container runs: brought back alone.
+
+The user's container, and the work running in it, is never touched for
+this: an exited sidecar is started again; a removed one is created again from
+the main container's labels (same ports, same output folder, a new FTP
+password: the daemon sees the changed password and sends the new details).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from gpuresa.access import AccessError, ftp_credentials
+from gpuresa.model import SessionSpec
+from gpuresa.outputs.credentials import HostCredentials
+from gpuresa.runtime.engine import dumps
+from gpuresa.runtime.errors import SessionError
+from gpuresa.runtime.lookup import container_name, status
+from gpuresa.runtime.payload import (
+    ROLE_LABEL,
+    ftp_name,
+    ftp_payload,
+    session_from_labels,
+)
+from gpuresa.runtime.probes import ftp_greeting
+
+if TYPE_CHECKING:
+    from gpuresa.runtime.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+
+def revive_sidecar(runtime: Runtime, key: str, deadline: float) -> bool:
+    """Bring back the FTP sidecar of session `key` alone, if only the sidecar is down.
+
+    Given the runtime and a `time.monotonic()` deadline for the FTP server to
+    greet. Returns False (and does nothing) unless the main container runs and
+    the sidecar is missing or not running; True once the sidecar greets.
+    Raises `SessionError` (`ImageMissing`, `PortRefused`…) when it cannot be
+    brought back: the main container is left running all the same.
+    """
+    found = runtime.find(key)
+    if status(found.main) != "running" or status(found.ftp) == "running":
+        return False
+    assert found.main is not None
+    if found.ftp is None:
+        log.warning("%s: the FTP sidecar is gone; making it again", key)
+        name = _recreate(runtime, key, found.main)
+    else:
+        log.warning("%s: the FTP sidecar had exited; starting it again", key)
+        name = container_name(found.ftp)
+    runtime.engine.start_container(name, key)
+    port = int(found.main["Config"]["Labels"]["gpuresa.ftp-port"])
+    address = runtime.probe_address()
+    while time.monotonic() < deadline:
+        if ftp_greeting(address, port, 2.0):
+            return True
+        time.sleep(0.1)
+    raise SessionError(f"session {key}: the restarted FTP server does not answer")
+
+
+def _recreate(runtime: Runtime, key: str, main: dict[str, Any]) -> str:
+    """Create the sidecar again from the main container's labels; returns its name."""
+    labels = {name: value for name, value in main["Config"]["Labels"].items() if name != ROLE_LABEL}
+    try:
+        session = session_from_labels(labels, "running", ())
+        credentials = ftp_credentials(session.user)
+    except (KeyError, ValueError, AccessError) as error:
+        raise SessionError(f"session {key}: cannot make its FTP sidecar again: {error}") from None
+    spec = SessionSpec(
+        key=session.key,
+        user=session.user,
+        host=session.host,
+        template=session.template,
+        cuda=session.cuda,
+        gpus=session.gpus,
+        start=session.start,
+        end=session.end,
+        ssh_port=session.ssh_port,
+        ftp_port=session.ftp_port,
+        ftp_passive_first=session.ftp_passive_first,
+        ftp_passive_last=session.ftp_passive_last,
+        email=session.email,
+    )
+    payload = ftp_payload(
+        runtime.config,
+        spec,
+        runtime.images.require_ftp_image(),
+        int(labels["gpuresa.uid"]),
+        session.ftp_user or credentials.user,
+        credentials.password,
+        session.output_dir,
+        labels,
+        runtime.announced_address(key),
+        tls_dir=HostCredentials(runtime.config).sidecar_tls(*runtime.remapped_ids()),
+    )
+    log.debug("%s: FTP sidecar %s", key, dumps(payload))
+    name = ftp_name(session.host, key)
+    runtime.engine.create_container(name, payload, key)
+    return name

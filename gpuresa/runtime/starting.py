@@ -1,0 +1,199 @@
+"""Making and starting a session: checks first, then network, containers, readiness.
+
+Nothing here builds or pulls an image (`ImageMissing`); every failure after
+something was made rolls the session back (its output folder is kept) and
+keeps its kind (`PortRefused` with its ports, `EngineTimeout`…).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+from gpuresa.access import AccessError, authorized_keys, container_uid, ftp_credentials
+from gpuresa.model import Session, SessionSpec
+from gpuresa.outputs.credentials import HostCredentials
+from gpuresa.outputs.disk import apply_session_quota, start_refusal
+from gpuresa.runtime.engine import dumps
+from gpuresa.runtime.errors import EngineTimeout, ImageMissing, PortRefused, SessionError
+from gpuresa.runtime.gpus import host_gpu_access
+from gpuresa.runtime.lookup import Found, container_name, status
+from gpuresa.runtime.output import output_path, prepare_output
+from gpuresa.runtime.payload import (
+    FTP_ROLE,
+    MAIN_ROLE,
+    NETWORK_ROLE,
+    ROLE_LABEL,
+    MainContainer,
+    ftp_name,
+    ftp_payload,
+    main_payload,
+    session_labels,
+    session_name,
+)
+from gpuresa.runtime.readiness import log_tails, wait_ready
+from gpuresa.runtime.sidecar import revive_sidecar
+from gpuresa.runtime.templates import resolve_template
+
+if TYPE_CHECKING:
+    from gpuresa.runtime.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+
+def prepare_session(
+    runtime: Runtime, spec: SessionSpec, *, start_sidecar: bool
+) -> tuple[Session, Found]:
+    """`Runtime.prepare`, which says what it does; also gives the containers found after."""
+    key = spec.key
+    runtime.check_spec(spec)
+    found = runtime.find(key)
+    existing = runtime.session_of(key, found)
+    if existing is not None and found.complete and existing.state in ("created", "running"):
+        # made under the check below; an engine without user namespaces (another
+        # data root) would not even list it
+        log.debug("%s: already %s", key, existing.state)
+        return existing, found
+    # before anything is made, every time: an engine without user namespaces is refused
+    remapped_uid, remapped_gid = runtime.remapped_ids()
+    template, variant = resolve_template(runtime.config.templates, spec.template, spec.cuda)
+    # images are built by the daemon's build worker, never here
+    image = runtime.images.require_image(spec.template, variant.name)
+    ftp_image = runtime.images.require_ftp_image()
+    if found.all:
+        log.info(
+            "%s: removing its %s containers to make them again",
+            key,
+            existing.state if existing else "unreadable",
+        )
+        runtime.remove_now(key, found)
+    # a nearly full output disk refuses new sessions; running ones go on
+    refusal = start_refusal(runtime.config, key)
+    if refusal is not None:
+        log.error("%s: refused: %s", key, refusal)
+        raise SessionError(f"session {key}: {refusal}")
+    users = runtime.config.users
+    try:
+        keys = authorized_keys(spec.user, users)
+        uid = container_uid(spec.user, users)
+        credentials = ftp_credentials(spec.user)
+    except AccessError as error:
+        raise SessionError(f"session {key}: {error}") from None
+    gpu = host_gpu_access(runtime.host, spec.gpus)
+    output_dir = output_path(runtime.config, spec)
+    prepare_output(output_dir, remapped_uid + uid, remapped_gid + uid, key)
+    apply_session_quota(runtime.config, output_dir, key)
+    # the host's own SSH host keys and FTPS certificate, readable by the containers' root
+    host_credentials = HostCredentials(runtime.config)
+    host_keys = host_credentials.session_host_keys(remapped_uid, remapped_gid)
+    tls = host_credentials.sidecar_tls(remapped_uid, remapped_gid)
+    labelled = dataclasses.replace(spec, cuda=variant.name)
+    runtime.ends.forget(key)
+    files = runtime.files.show_facts(
+        key, runtime.facts(labelled), runtime.config.reservations.timezone
+    )
+    labels = session_labels(labelled, uid, output_dir, credentials.user)
+    main = MainContainer(
+        image=image,
+        uid=uid,
+        authorized_keys=keys,
+        output_dir=output_dir,
+        session_files=files,
+        command=template.command or (),
+        gpu=gpu,
+        host_keys_dir=host_keys,
+    )
+    main_config = main_payload(runtime.config, labelled, main, labels)
+    sidecar_config = ftp_payload(
+        runtime.config,
+        labelled,
+        ftp_image,
+        uid,
+        credentials.user,
+        credentials.password,
+        output_dir,
+        labels,
+        runtime.announced_address(key),
+        tls_dir=tls,
+    )
+    log.debug("%s: main container %s", key, dumps(main_config))
+    log.debug("%s: FTP sidecar %s", key, dumps(sidecar_config))
+    name = session_name(spec.host, key)
+    sidecar = ftp_name(spec.host, key)
+    try:
+        runtime.engine.create_network(name, {**labels, ROLE_LABEL: NETWORK_ROLE}, key)
+        runtime.engine.create_container(sidecar, sidecar_config, key)
+        runtime.engine.create_container(name, main_config, key)
+        if start_sidecar:
+            runtime.engine.start_container(sidecar, key)
+    except SessionError as error:
+        runtime.roll_back(key)
+        raise _same_kind(error, f"session {key} could not be prepared: {error}") from None
+    log.info(
+        "%s: prepared for %s (template %s %s, GPUs %s, ssh %d, ftp %d)",
+        key, spec.user, spec.template, variant.name, list(spec.gpus),
+        spec.ssh_port, spec.ftp_port,
+    )  # fmt: skip
+    found = runtime.find(key)
+    session = runtime.session_of(key, found)
+    if session is None:
+        raise SessionError(f"session {key} was created but Docker does not list it")
+    return session, found
+
+
+def start_session(runtime: Runtime, spec: SessionSpec, ready_timeout: float) -> Session:
+    """`Runtime.start`, which says what it does."""
+    key = spec.key
+    started = time.monotonic()
+    existing = runtime.session(key)
+    if existing is not None and existing.state == "running":
+        log.debug("%s: already running", key)
+        return existing
+    if existing is not None and revive_sidecar(runtime, key, started + ready_timeout):
+        return runtime.session(key) or existing
+    # from nothing, both containers start at once below: faster than in turn
+    session, found = prepare_session(runtime, spec, start_sidecar=False)
+    waiting = {
+        role: container
+        for role, container in ((MAIN_ROLE, found.main), (FTP_ROLE, found.ftp))
+        if container is not None and status(container) != "running"
+    }
+    try:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            starting = {
+                role: pool.submit(runtime.engine.start_container, container_name(container), key)
+                for role, container in waiting.items()
+            }
+            wait_ready(
+                session,
+                runtime.probe_address(),
+                started + ready_timeout,
+                starting,
+                lambda: runtime.find(key),
+            )
+        runtime.show_facts(key, session)
+    except SessionError as error:
+        logs = log_tails(runtime.engine, found)
+        log.error("%s: start failed: %s%s", key, error, logs)
+        runtime.roll_back(key)
+        raise _same_kind(error, f"session {key} did not start: {error}{logs}") from None
+    running = runtime.session(key) or session
+    log.info(
+        "%s: running for %s in %.2f s (ssh port %d, ftp port %d)",
+        key, running.user, time.monotonic() - started, running.ssh_port, running.ftp_port,
+    )  # fmt: skip
+    return running
+
+
+def _same_kind(error: SessionError, message: str) -> SessionError:
+    """A `SessionError` saying `message`, of the same kind as `error` (with its details)."""
+    if isinstance(error, PortRefused):
+        return PortRefused(message, error.ports)
+    if isinstance(error, ImageMissing):
+        return ImageMissing(message, error.template, error.cuda)
+    if isinstance(error, EngineTimeout):
+        return EngineTimeout(message)
+    return SessionError(message)
