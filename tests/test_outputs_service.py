@@ -202,6 +202,10 @@ def test_the_service_is_adopted_restarted_and_remade(site: Site) -> None:
     assert settings["UsernsMode"] == "host" and not settings["Privileged"]
     assert settings["CapDrop"] == ["ALL"] and "no-new-privileges:true" in settings["SecurityOpt"]
     assert {mount["Target"]: mount["ReadOnly"] for mount in settings["Mounts"]}["/outputs"]
+    # sshd itself keeps KILL (5), SETGID (6), SETUID (7) and SYS_CHROOT (18): not CHOWN
+    sshd = "grep CapEff /proc/$(pgrep -o -x sshd)/status"
+    code, output = site.client.containers.get(container["Id"]).exec_run(["sh", "-c", sshd])
+    assert code == 0 and int(output.split()[1], 16) == (1 << 5) | (1 << 6) | (1 << 7) | (1 << 18)
     site.client.containers.get(container["Id"]).stop(timeout=1)
     assert service.ensure_running().action == "started"
     # a new port remakes it

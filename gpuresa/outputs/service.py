@@ -70,9 +70,11 @@ OUTPUTS_TARGET = PurePosixPath("/outputs")
 ACCOUNTS_TARGET = PurePosixPath("/etc/gpuresa-outputs")
 HOST_KEYS_TARGET = PurePosixPath("/etc/gpuresa-host-keys")
 # sshd: SETUID/SETGID (become the login), SYS_CHROOT (its chroot and the
-# pre-auth one), KILL (the monitor signals its unprivileged child), CHOWN
-# (nothing else: no DAC_OVERRIDE, root reads only its own files)
-CAPABILITIES = ("CHOWN", "KILL", "SETGID", "SETUID", "SYS_CHROOT")
+# pre-auth one), KILL (the monitor signals its unprivileged child); CHOWN for
+# the entrypoint alone and SETPCAP to drop both before sshd starts (from the
+# bounding set: nothing started later gets them back). No DAC_OVERRIDE: root
+# reads only its own files.
+CAPABILITIES = ("CHOWN", "KILL", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT")
 PIDS_LIMIT = 256
 MEMORY_BYTES = 512 * 1024 * 1024
 READY_TIMEOUT = 30.0

@@ -14,4 +14,5 @@ chown 0:0 / /etc
 mkdir -p /run/sshd
 chmod 0755 /run/sshd
 echo "gpuresa outputs: serving /outputs over SFTP (read-only, one chroot per login)" >&2
-exec /usr/sbin/sshd -D -e
+# CHOWN was for the line above only, SETPCAP only to drop it: sshd runs without both
+exec setpriv --inh-caps=-chown,-setpcap --bounding-set=-chown,-setpcap -- /usr/sbin/sshd -D -e
