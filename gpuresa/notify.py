@@ -174,8 +174,12 @@ class Notifier:
             smtp = self._connect()
             try:
                 refused = smtp.send_message(message, from_addr=sender, to_addrs=recipients)
-            finally:
+            except BaseException:
                 _quit(smtp)
+                raise
+            # accepted: close without waiting for QUIT's answer, so a relay that stalls
+            # there cannot hold the message unmarked (and a restart send it twice)
+            smtp.close()
         except smtplib.SMTPAuthenticationError as error:
             raise NotifyError(
                 f"SMTP server {where} refused the login of {self.config.username!r}: "

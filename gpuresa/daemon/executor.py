@@ -39,6 +39,9 @@ class InFlight:
     deadline: float
     # set once the loop has handled the overrun, so it is reported once
     overdue: bool = False
+    # set by the worker when `work` returned; the slot is freed on the loop thread, with
+    # the outcome, so a round never sees the slot free before the outcome is taken in
+    finished: bool = False
     payload: object = field(default=None, repr=False)
 
 
@@ -98,16 +101,19 @@ class Executor:
                 return False
             slots[key, lane] = entry
 
+        def finish(result: object) -> None:
+            with self._lock:
+                if slots.get((key, lane)) is entry:
+                    del slots[key, lane]
+            on_done(result)
+
         def run() -> None:
             try:
                 result: object = work()
             except Exception as error:  # reported to the loop, which logs and retries
                 result = error
-            finally:
-                with self._lock:
-                    if slots.get((key, lane)) is entry:
-                        del slots[key, lane]
-            self._post(lambda: on_done(result))
+            entry.finished = True
+            self._post(lambda: finish(result))
 
         thread = threading.Thread(target=run, name=f"gpuresa-{what}-{key}"[:60], daemon=True)
         thread.start()
@@ -124,7 +130,7 @@ class Executor:
                     late.append(entry)
         return late
 
-    def stuck(self) -> list[InFlight]:
-        """Actions past their deadline that are still running."""
+    def running(self) -> list[InFlight]:
+        """Actions whose work has not returned yet (for a shutdown)."""
         with self._lock:
-            return [entry for entry in self._in_flight.values() if entry.overdue]
+            return [entry for entry in self._in_flight.values() if not entry.finished]

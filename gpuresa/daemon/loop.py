@@ -48,6 +48,8 @@ BEAT = 1.0
 LOOK_AHEAD = 1.0
 # A view of Docker at most this old, with nothing changed since, is planned with.
 FRESH_FOR = 5.0
+# A calendar poll that takes longer (or 5 poll intervals) is abandoned.
+POLL_DEADLINE = 300.0
 # How often the journal is trimmed and Docker's leftovers collected.
 MAINTENANCE_EVERY = timedelta(hours=1)
 # how often the output service is checked, removal notices sent and outputs pruned
@@ -77,9 +79,13 @@ class Loop(Rounds):
         # when Docker was last looked at, and whether nothing changed since
         self._observed_at = float("-inf")
         self._fresh = False
+        # counts the changes the daemon made to Docker (see `Rounds._changed`)
+        self._generation = 0
         self.timers: list[datetime] = []
         self._next_poll = 0.0
         self._polling = False
+        self._poll_number = 0
+        self._poll_deadline = 0.0
         self._dirty = True
         self._observing = False
         self._observe_after = 0.0
@@ -140,6 +146,11 @@ class Loop(Rounds):
     def _turn(self) -> None:
         """What is due: a poll, exact-time wakeups, overdue actions, a round."""
         monotonic = time.monotonic()
+        if self._polling and monotonic >= self._poll_deadline:
+            # a server that trickles bytes keeps each read alive: the poll as a whole has a
+            # deadline, and a late answer is ignored (`_poll_returned`)
+            log.error("the calendar poll did not finish in time; abandoned, polling again")
+            self._polling = False
         if not self._polling and monotonic >= self._next_poll:
             self._start_poll()
         now = self.context.clock()
@@ -231,12 +242,29 @@ class Loop(Rounds):
 
     def _start_poll(self) -> None:
         self._polling = True
+        self._poll_number += 1
+        number = self._poll_number
+        self._poll_deadline = time.monotonic() + max(
+            POLL_DEADLINE, 5 * self.context.config.daemon.poll_interval.total_seconds()
+        )
         context = self.context
         now = context.clock()
         holding = frozenset(
             session.key for session in self.sessions if session.state in ("created", "running")
         )
-        self._background("poll", lambda: context.poll(now, holding), self._polled_done)
+        self._background(
+            "poll",
+            lambda: context.poll(now, holding),
+            lambda result: self._poll_returned(result, number),
+        )
+
+    def _poll_returned(
+        self, result: tuple[CalendarReport, list[Rejection]] | Exception, number: int
+    ) -> None:
+        if number != self._poll_number:
+            log.warning("a calendar poll abandoned for its slowness finished after all; ignored")
+            return
+        self._polled_done(result)
 
     def _polled_done(self, result: tuple[CalendarReport, list[Rejection]] | Exception) -> None:
         self._polling = False
@@ -298,12 +326,20 @@ class Loop(Rounds):
         self._observing = True
         self._dirty = False
         runtime = self.context.runtime
+        generation = self._generation
         self._background(
-            "observe", lambda: (runtime.list_sessions(), runtime.host_gpus()), self._observed
+            "observe",
+            lambda: (runtime.list_sessions(), runtime.host_gpus()),
+            lambda result: self._observed(result, generation),
         )
 
-    def _observed(self, result: tuple[list[Session], tuple[int, ...]] | Exception) -> None:
+    def _observed(
+        self, result: tuple[list[Session], tuple[int, ...]] | Exception, generation: int
+    ) -> None:
         self._observing = False
+        if generation != self._generation:
+            self._dirty = True  # an action ended meanwhile: look again
+            return
         if isinstance(result, (RuntimeUnavailable, EngineTimeout)):
             self._engine_down(result)
             return

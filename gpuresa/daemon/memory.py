@@ -35,6 +35,8 @@ class Remembered:
     attempts: dict[str, int] = field(default_factory=dict)
     refused_ports: dict[int, datetime] = field(default_factory=dict)
     changes_notified: set[tuple[str, str]] = field(default_factory=set)
+    # stops a restart cut short, whose finishing failed: (attempts, not before)
+    finishing: dict[str, tuple[int, datetime]] = field(default_factory=dict)
     # (key, ssh port, FTP password) of start notices already handed to the outbox
     start_noticed: set[tuple[str, int, str]] = field(default_factory=set)
 
@@ -85,6 +87,7 @@ class Remembered:
                 self.retry_after.pop(key, None)
                 self.attempts.pop(key, None)
         self.changes_notified = {item for item in self.changes_notified if item[0] in present}
+        self.start_noticed = {item for item in self.start_noticed if item[0] in present}
         busy = set(in_flight)
         for sent_key, seconds in list(self.warnings_sent):
             if sent_key not in present and sent_key not in busy and sent_key not in wanted:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from gpuresa.daemon.executor import KILL, LIFE_CYCLE, NOTICE, Executor
-from gpuresa.daemon.memory import Remembered
+from gpuresa.daemon.memory import RETRY_DELAYS, Remembered
 from gpuresa.daemon.state import Context
 from gpuresa.daemon.work import Done, Started, deadline_of
 from gpuresa.model import Reservation, Session
@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 # How often a session waiting for its image's build looks again (a finished
 # build also wakes the loop at once).
 IMAGE_WAIT = timedelta(seconds=10)
+# A stop a restart interrupted is finished at most this many times before the admin is told.
+MAX_FINISH_ATTEMPTS = 5
 # A port the engine refused is skipped for this long, then tried again.
 REFUSED_PORT_FOR = timedelta(hours=1)
 
@@ -56,11 +58,18 @@ class Rounds:
     _dirty: bool
 
     _fresh: bool
+    _generation: int
 
     def _changed(self) -> None:
-        """Something of Docker changed (an action ended): plan again with a fresh look."""
+        """Something of Docker changed (an action ended): plan again with a fresh look.
+
+        A look at Docker that began before this change is not planned with:
+        it may lack what the action made, and the planner would hand its GPUs
+        and ports to another booking.
+        """
         self._dirty = True
         self._fresh = False
+        self._generation += 1
 
     def _engine_down(self, error: Exception) -> None:
         raise NotImplementedError
@@ -109,6 +118,8 @@ class Rounds:
         lane = LIFE_CYCLE if isinstance(action, (Stop, Start, Recreate, Prepare)) else NOTICE
         if self.executor.busy(key, lane):
             return  # the same kind of action is still under way for this session
+        if lane == LIFE_CYCLE and self.executor.busy(key, KILL):
+            return  # a forced kill of this session is under way: nothing new until it is done
         spec = getattr(action, "spec", None)
         stopping_first = spec is not None and stopping_gpus.intersection(spec.gpus)
         if isinstance(action, (Start, Recreate)) and stopping_first:
@@ -281,6 +292,9 @@ class Rounds:
         for key, record in records.items():
             if key in present or self.executor.busy(key):
                 continue  # the planner stops it again, or it is being finished
+            _, retry_after = self.remembered.finishing.get(key, (0, now))
+            if now < retry_after:
+                continue
             self.executor.submit(
                 key,
                 "finish-stop",
@@ -290,8 +304,26 @@ class Rounds:
             )
 
     def _interrupted_stop_done(self, key: str, outcome: object) -> None:
-        if isinstance(outcome, Exception):
-            log.error("%s: finishing an interrupted stop failed: %s", key, outcome)
+        finishing = self.remembered.finishing
+        if not isinstance(outcome, Exception):
+            finishing.pop(key, None)
+            return
+        now = self.context.clock()
+        attempts = finishing.get(key, (0, now))[0] + 1
+        finishing[key] = (attempts, now + RETRY_DELAYS[min(attempts, len(RETRY_DELAYS)) - 1])
+        log.error("%s: finishing an interrupted stop failed (%d): %s", key, attempts, outcome)
+        if attempts >= MAX_FINISH_ATTEMPTS:
+            # the containers are gone: what is left is the hand-over and the end notice
+            finishing.pop(key, None)
+            self.context.journal.delete_meta(f"stopping:{key}")
+            self.context.notices.to_admin(
+                key,
+                "finish-stop-failed",
+                f"the end of session {key} could not be finished",
+                f"Session {key} was stopped, but handing its output over and telling its "
+                f"user failed {attempts} times: {outcome}\n\nIts output folder is kept; "
+                "gpuresa gives up on finishing it.\n",
+            )
 
     def _owed_start_notices(self, sessions: list[Session], now: datetime) -> None:
         """Finish starts a restart interrupted: journal the running state, send the notice.

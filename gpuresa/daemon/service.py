@@ -173,14 +173,14 @@ class Daemon:
             self.outbox.stop(timeout=max(deadline - time.monotonic(), 0.1))
         if self.loop is not None:
             # a stop whose containers are gone has only its journal lines left to write
-            while self.loop.executor.all_in_flight() and time.monotonic() < deadline:
+            while self.loop.executor.running() and time.monotonic() < deadline:
                 time.sleep(0.05)
-            busy = sorted(
-                f"{entry.what} {entry.key}" for entry in self.loop.executor.all_in_flight()
-            )
+            busy = sorted(f"{entry.what} {entry.key}" for entry in self.loop.executor.running())
             if busy:
                 log.warning("left under way, to be finished after the next start: %s", busy)
-        if self._journal is not None:
+        if self._journal is not None and not (self.loop and self.loop.executor.running()):
+            # closing waits for the journal's lock, which a stuck action may hold; a
+            # journal left open is safe (SQLite's WAL), and the process ends anyway
             self._journal.close()
         if self.lock_file is not None:
             self.lock_file.close()  # releases the state directory's lock

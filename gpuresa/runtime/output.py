@@ -142,7 +142,8 @@ def hand_over(path: Path, uid: int, gid: int, key: str) -> None:
     """Give a finished session's output to the login's host account; logs, never raises."""
     try:
         _give_tree(path, uid, gid)
-    except OSError as error:
+    except (OSError, RecursionError) as error:
+        # RecursionError: os.fwalk recurses, and the user decides how deep the tree is
         log.error("%s: could not hand %s to uid %d: %s", key, path, uid, error)
         return
     log.info("%s: output %s handed to uid %d", key, path, uid)

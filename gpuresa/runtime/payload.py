@@ -67,10 +67,12 @@ def safe_key(key: str) -> str:
     """A reservation key made fit for container names and paths, never colliding.
 
     Calendar UIDs hold '@', ':', '/' and more: keep up to 40 safe characters
-    and add 8 hex digits of the key's SHA-256, so two keys never share a name.
+    and add 20 hex digits (80 bits) of the key's SHA-256, so two keys never
+    share a name: anyone can write a UID, and a shorter digest could be
+    matched on purpose to take another booking's names and folders.
     """
     readable = re.sub(r"[^a-z0-9_.-]+", "-", key.lower()).strip("-.")[:40].strip("-.")
-    digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:8]
+    digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:20]
     return f"{readable}-{digest}" if readable else digest
 
 

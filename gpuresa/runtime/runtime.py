@@ -334,7 +334,9 @@ class Runtime:
         try:
             self.remove_now(key)
         except (SessionError, RuntimeUnavailable) as error:
+            # the session's files stay: containers that may remain keep their gate closed
             log.error("%s: rollback failed, leftovers may remain: %s", key, error)
+            return
         self.files.remove(key)
 
     # --- during a session ------------------------------------------------------------------

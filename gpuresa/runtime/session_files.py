@@ -129,8 +129,13 @@ class SessionFiles:
             os.unlink(GATE, dir_fd=folder)
 
     def gated(self, key: str) -> bool:
-        """Whether logins to session `key` are refused for now."""
-        return (self.path(key) / GATE).is_file()
+        """Whether logins to session `key` are refused for now.
+
+        A session without its folder counts as gated (fails closed): its
+        containers cannot be told apart from ones whose gate was lost.
+        """
+        folder = self.path(key)
+        return (folder / GATE).is_file() or not folder.is_dir()
 
     def remove(self, key: str) -> None:
         """Delete the folder of session `key` (never following links); logs, never raises."""
