@@ -186,10 +186,15 @@ class OutputService:
     def __init__(self, config: Config, runtime: Any) -> None:
         self.config = config
         self.runtime = runtime
-        self.engine: Engine = runtime.engine
         self.credentials = HostCredentials(config)
         self.records = OutputRecords(config.daemon.state_dir / "outputs")
         self.accounts = config.daemon.state_dir / "output-service"
+
+    @property
+    def engine(self) -> Engine:
+        """The runtime's Docker gateway (asked for on use: making a service needs no Docker)."""
+        engine: Engine = self.runtime.engine
+        return engine
 
     @property
     def enabled(self) -> bool:
