@@ -33,6 +33,7 @@ from gpuresa.errors import ConfigError
 from gpuresa.journal import Journal
 from gpuresa.model import Session, SessionSpec
 from gpuresa.notify import end_message, start_message
+from gpuresa.outputs.container import accounts_text
 from gpuresa.outputs.credentials import HostCredentials, HostKey, known_hosts_lines
 from gpuresa.outputs.disk import (
     disk_level,
@@ -46,7 +47,7 @@ from gpuresa.outputs.duties import OutputDuties
 from gpuresa.outputs.messages import end_details, removal_notice_message
 from gpuresa.outputs.owners import output_owner, uid_overlaps
 from gpuresa.outputs.records import OutputFolder, OutputRecords, notice_due, removal_due
-from gpuresa.outputs.service import OutputService, accounts_text
+from gpuresa.outputs.service import OutputService
 from gpuresa.runtime import SessionError
 from gpuresa.runtime.payload import MainContainer, ftp_payload, main_payload
 
