@@ -309,19 +309,19 @@ def test_booking_lifecycle_with_extension_kill_and_calendar_outage(
     assert left == ["outputs"]
     outputs = list(stack.output_root.rglob("result.txt"))
     assert len(outputs) == 1 and outputs[0].read_text() == "result\n"
-    # and serves the output to its user, with no host account, as soon as the session is gone
+    # the end notice (sent once the output is handed over) says how to download it, and
+    # until when; the output service serves it then, with no host account
+    ended = mail_matching(stack.smtp, "ended")
+    port = stack.config.storage.sftp_port
+    assert f"sftp -P {port} alice@" in ended.get_content() and "removed on" in ended.get_content()
     with paramiko.SSHClient() as sftp_client:
         sftp_client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
         sftp_client.connect(
-            "127.0.0.1", stack.config.storage.sftp_port, username="alice",
-            key_filename=str(stack.key_file), look_for_keys=False, allow_agent=False, timeout=10,
+            "127.0.0.1", port, username="alice", key_filename=str(stack.key_file),
+            look_for_keys=False, allow_agent=False, timeout=10,
         )  # fmt: skip
         with sftp_client.open_sftp().open(f"{outputs[0].parent.name}/result.txt") as stream:
             assert stream.read() == b"result\n"
-    ended = mail_matching(stack.smtp, "ended")
-    # the end notice says how to download the output, and until when
-    port = stack.config.storage.sftp_port
-    assert f"sftp -P {port} alice@" in ended.get_content() and "removed on" in ended.get_content()
     # the start notice gives the host keys every session of the host presents
     started = mail_matching(stack.smtp, "ready")
     assert "SHA256:" in started.get_content() and "]:* ssh-ed25519 " in started.get_content()
