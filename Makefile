@@ -22,6 +22,7 @@ bench: setup
 	$(VENV)/python benchmarks/bench_sessions.py
 	$(VENV)/python benchmarks/bench_daemon.py
 	$(VENV)/python benchmarks/bench_outputs.py
+	$(VENV)/python benchmarks/bench_telemetry.py
 
 clean:
 	rm -rf .venv .pytest_cache .mypy_cache .ruff_cache

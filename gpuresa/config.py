@@ -251,6 +251,35 @@ class NotifyConfig:
     give_up_after: timedelta = Field(timedelta(days=3), check=positive_duration)
 
 
+def _listen_address(value: str | None) -> str | None:
+    if value is None:
+        return None
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return f'expected "address:port" such as "127.0.0.1:9464", got {value!r}'
+    return None
+
+
+def _percent(value: int) -> str | None:
+    return None if 0 <= value <= 100 else "a percentage from 0 to 100"
+
+
+@dataclass(frozen=True)
+class TelemetryConfig:
+    """[telemetry]: GPU sampling, use per booking, idle and unbooked GPUs, metrics, status page."""
+
+    backend: Literal["auto", "nvml", "nvidia-smi", "none"] = "auto"
+    sample_interval: timedelta = Field(timedelta(minutes=1), check=positive_duration)
+    idle_threshold: int = Field(5, check=_percent)
+    idle_after: timedelta = Field(timedelta(hours=2), check=positive_duration)
+    idle_action: Literal["notify", "notify-admin"] = "notify"
+    report_unbooked: bool = True
+    recreate_lost: bool = True
+    listen: str | None = Field(None, check=_listen_address)
+    page_days: int = Field(3, check=at_least(1))
+    job_mapping_dir: Path | None = None
+
+
 @dataclass(frozen=True)
 class Config:
     """The whole configuration file."""
@@ -264,6 +293,7 @@ class Config:
     storage: StorageConfig = StorageConfig()
     limits: LimitsConfig = LimitsConfig()
     notify: NotifyConfig = NotifyConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()
     source: str = Field("<defaults>", expected="(set by the loader)")
 
     def host(self, name: str | None = None) -> HostConfig:

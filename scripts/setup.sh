@@ -3,7 +3,8 @@
 #   1. .venv with gpuresa and its test extras (reinstalled when pyproject.toml changes);
 #   2. a Docker engine with user namespaces and live-restore (installed and started when
 #      none answers; live-restore turned on with a reload, never a restart);
-#   3. the local base image gpuresa/base:bookworm (rebuilt when its recipe changes).
+#   3. the local base image gpuresa/base:bookworm (rebuilt when its recipe changes);
+#   Chromium for the status page's test (installed when missing).
 # Needs root on Debian/Ubuntu for steps 2 and 3 when something is missing.
 set -euo pipefail
 
@@ -46,6 +47,11 @@ if [ "$(cat .venv/.gpuresa-stamp 2>/dev/null || true)" != "$(stamp_of)" ]; then
     stamp_of > .venv/.gpuresa-stamp
 else
     say ".venv is up to date"
+fi
+
+# Chromium renders the status page in its test (headless screenshot and DOM dump)
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+    apt_install chromium
 fi
 
 # --- 2. Docker engine --------------------------------------------------------

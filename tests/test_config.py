@@ -68,6 +68,7 @@ def test_example_documents_every_key() -> None:
         "storage.inputs": config_module.InputMount,
         "limits": config_module.LimitsConfig,
         "notify": config_module.NotifyConfig,
+        "telemetry": config_module.TelemetryConfig,
     }
     missing = []
     for section, cls in sections.items():
@@ -162,6 +163,11 @@ def test_unknown_key_wrong_type_and_bad_duration_are_all_reported() -> None:
         ),
         ('[[storage.inputs]]\nsource = "a"\ntarget = "/x"', "storage.inputs[0].source", ""),
         ('[notify]\nsecurity = "ssl"', "notify.security", "'starttls'"),
+        ('[telemetry]\nlisten = "9464"', "telemetry.listen", "address:port"),
+        ('[telemetry]\nlisten = "127.0.0.1:99999"', "telemetry.listen", "address:port"),
+        ("[telemetry]\nidle_threshold = 101", "telemetry.idle_threshold", "percentage"),
+        ('[telemetry]\nidle_action = "stop"', "telemetry.idle_action", "'notify'"),
+        ('[telemetry]\nbackend = "dcgm"', "telemetry.backend", "'nvml'"),
         ('[notify]\nenabled = "yes"', "notify.enabled", "true or false"),
         ("daemon = 3", "daemon", "expected a table"),
         ('source = "x"', "source", "unknown key"),

@@ -113,6 +113,7 @@ def status_report(config: Config, now: datetime) -> dict[str, Any]:
         }
         for session in sorted(sessions, key=lambda item: (item.start, item.key))
     ]
+    _add_gpu_use(config, report["sessions"])
     journal = _open_journal(config)
     try:
         running_keys = {session.key for session in sessions}
@@ -182,6 +183,24 @@ def outbox_report(journal: Journal, shown: int = 10) -> dict[str, Any]:
     }
 
 
+def _add_gpu_use(config: Config, sessions: list[dict[str, Any]]) -> None:
+    """Each session's current and average GPU use (percent), from the telemetry's store."""
+    from gpuresa.gpus.usage_store import open_usage
+
+    store = open_usage(config.daemon.state_dir)
+    uses = store.uses() if store else {}
+    if store:
+        store.close()
+    for item in sessions:
+        use = uses.get(item["key"])
+        item["gpu_use_now"] = use.current_utilization if use else None
+        item["gpu_use_average"] = use.average_utilization if use else None
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}%"
+
+
 def status_command(arguments: argparse.Namespace) -> int:
     config = load_config(arguments.config)
     report = status_report(config, datetime.now(UTC))
@@ -194,7 +213,8 @@ def status_command(arguments: argparse.Namespace) -> int:
         print(
             f"  {item['key']:<40} {item['user']:<12} GPUs {item['gpus']!s:<10} "
             f"ssh {item['ssh_port']} ftp {item['ftp_port']}  {item['since']} → {item['until']}"
-            f"  [{item['state']}]"
+            f"  [{item['state']}]  GPU use {_percent(item['gpu_use_now'])} now,"
+            f" {_percent(item['gpu_use_average'])} average"
         )
     print(f"\nupcoming reservations ({len(report['upcoming'])}):")
     for item in report["upcoming"]:
@@ -244,6 +264,23 @@ def history_command(arguments: argparse.Namespace) -> int:
         )
     if not entries:
         print("no history" + (f" for {arguments.user}" if arguments.user else ""))
+    from gpuresa.gpus.usage_store import open_usage
+
+    store = open_usage(config.daemon.state_dir)
+    if store is not None:
+        try:
+            ended = store.uses(running=False)
+        finally:
+            store.close()
+        shown = [use for use in ended.values() if arguments.user in (None, use.user)]
+        if shown:
+            print("\nGPU use of ended sessions:")
+        for use in sorted(shown, key=lambda item: item.first):
+            print(
+                f"  {use.key:<40} {use.user:<12} average {_percent(use.average_utilization)}"
+                f" over {use.samples} sample(s), {use.first:%Y-%m-%d %H:%M} → "
+                f"{use.last:%Y-%m-%d %H:%M}"
+            )
     return 0
 
 

@@ -28,7 +28,9 @@ from gpuresa.calendars import CalendarReport
 from gpuresa.daemon import vanish
 from gpuresa.daemon.executor import Executor
 from gpuresa.daemon.memory import Remembered
+from gpuresa.daemon.observing import Observing
 from gpuresa.daemon.rounds import Rounds
+from gpuresa.daemon.sampling import Sampler
 from gpuresa.daemon.state import Context
 from gpuresa.model import Rejection, Reservation, Session
 from gpuresa.runtime.errors import (
@@ -56,14 +58,18 @@ MAINTENANCE_EVERY = timedelta(hours=1)
 OUTPUTS_EVERY = timedelta(minutes=10)
 
 
-class Loop(Rounds):
-    """The decision loop of one daemon; `run()` returns once `stopping` is set."""
+class Loop(Rounds, Observing):
+    """The decision loop of one daemon; `run()` returns once `stopping` is set.
+
+    `sampler`: the GPU sampler (None: no GPU telemetry at all).
+    """
 
     def __init__(
         self,
         context: Context,
         *,
         on_start: Callable[[Session, str], None] | None = None,
+        sampler: Sampler | None = None,
     ) -> None:
         self.context = context
         self.on_start = on_start
@@ -99,6 +105,7 @@ class Loop(Rounds):
         self._outputs_running = False
         # monotonic time of the loop's last turn, for the watchdog
         self.heartbeat = time.monotonic()
+        self._init_observing(sampler)
 
     # --- the loop itself ---------------------------------------------------------------
 
@@ -173,6 +180,7 @@ class Loop(Rounds):
             self._start_outputs()
         if not self._maintaining and monotonic >= self._next_maintenance:
             self._start_maintenance()
+        self._sample_if_due(monotonic)
         if self._dirty and not self._observing and monotonic >= self._observe_after:
             self._start_observe()
 
@@ -275,8 +283,10 @@ class Loop(Rounds):
             log.error(
                 "calendar poll failed unexpectedly; keeping the last reservations: %s", result
             )
+            self.counters.count_error("poll")
             return
         report, new_rejections = result
+        self._polled_report(report)
         host = self.context.config.daemon.host
         mine = [item for item in report.reservations.reservations if item.host == host]
         now = self.context.clock()
@@ -300,6 +310,7 @@ class Loop(Rounds):
             if freshness.last_error
         ]
         if stale:
+            self.counters.count_error("calendar")
             systemd.status(f"calendar unreachable, using the last snapshot: {', '.join(stale)}")
         else:
             systemd.status(f"{len(self.reservations)} reservation(s) for {host}")
@@ -355,6 +366,7 @@ class Loop(Rounds):
 
     def _engine_down(self, error: Exception) -> None:
         delay = self.docker_backoff
+        self.counters.count_error("engine")
         log.error("Docker engine unavailable (%s); retrying in %ss", error, delay.total_seconds())
         systemd.status(f"Docker unavailable, retrying in {int(delay.total_seconds())}s")
         self.docker_backoff = min(delay * 2, self.context.config.daemon.docker_retry_max)

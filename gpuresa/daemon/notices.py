@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from gpuresa.config import Config
+from gpuresa.gpus.findings import GpuLostFromHost, GpuLostInSession, IdleBooking, UnbookedProcess
 from gpuresa.model import Rejection, Session
 from gpuresa.notify import (
     SUBJECT_PREFIX,
@@ -160,3 +161,69 @@ Reservation: {one_line(key)}
         message = rejection_message(rejection, self._timezone)
         kind = "rejected-" + _digest(rejection.reason)
         self._to_user(rejection.key, kind, rejection.user or "", rejection.email, message)
+
+    # --- what watching the GPUs found (gpuresa.gpus.findings) ---------------------------
+
+    def _gpu_notice(
+        self, key: str, kind: str, user: str, email: str | None, what: str, text: str
+    ) -> None:
+        subject = f"{SUBJECT_PREFIX} Your GPU session on {self.config.daemon.host} {what}"
+        body = f"Hello {user},\n\n{text}\n\nReservation: {one_line(key)}\n"
+        self._to_user(key, kind, user, email, (subject, body))
+
+    def idle(self, finding: IdleBooking) -> None:
+        """A booking whose GPUs stayed idle: its user (and the admin for "notify-admin"), once."""
+        self._gpu_notice(
+            finding.key, "idle", finding.user, finding.email, "has idle GPUs", finding.text()
+        )
+        if finding.audience == "user+admin":
+            self.to_admin(
+                finding.key,
+                "idle-admin",
+                f"idle GPUs in {one_line(finding.key, 80)}",
+                finding.text(),
+            )
+
+    def unbooked(self, finding: UnbookedProcess) -> None:
+        """A process on a GPU outside the sessions that hold it: the admin, once per process."""
+        self.to_admin(
+            f"unbooked:{finding.gpu_uuid}",
+            f"pid-{finding.pid}",
+            f"process {finding.pid} on GPU {finding.gpu_index} outside its booking",
+            finding.text() + "\n",
+        )
+
+    def lost_in_session(self, finding: GpuLostInSession, recreated: bool) -> None:
+        """A session's container that lost its GPUs: the user if it is recreated, else the admin."""
+        if recreated:
+            kind = f"recreated-{finding.container_id[:12]}"
+            self._gpu_notice(
+                finding.key, kind, finding.user, finding.email, "was recreated", finding.text()
+            )
+            return
+        self.to_admin(
+            finding.key,
+            f"lost-{finding.container_id[:12]}",
+            f"session {one_line(finding.key, 80)} lost access to its GPUs",
+            f"{finding.text()}\n\nThe session was left as it is: [telemetry] recreate_lost "
+            "is off, or it was recreated once already and its new containers cannot open "
+            "the GPUs either (look at the host's device cgroup rules).\n",
+        )
+
+    def lost_from_host(self, finding: GpuLostFromHost, holders: list[Session]) -> None:
+        """A GPU gone from the host: each holding session's user and the admin, once per GPU."""
+        kind = f"gone-{finding.gpu_uuid}"
+        for session in holders:
+            text = (
+                f"GPU {finding.gpu_index} of your session {session.key} is no longer visible on "
+                f"{session.host} (it fell off the bus or its driver was reset). The session "
+                "keeps its booking, but will not be started again on that GPU; processes "
+                "that used it have most likely failed. Your output folder is unchanged."
+            )
+            self._gpu_notice(session.key, kind, session.user, session.email, "lost a GPU", text)
+        self.to_admin(
+            f"gpu:{finding.gpu_uuid}",
+            kind,
+            f"GPU {finding.gpu_index} is gone from {self.config.daemon.host}",
+            f"{finding.text()}\n\nIt is left out of planning until the host shows it again.\n",
+        )

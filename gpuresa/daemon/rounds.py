@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from gpuresa.daemon.executor import KILL, LIFE_CYCLE, NOTICE, Executor
 from gpuresa.daemon.memory import RETRY_DELAYS, Remembered
 from gpuresa.daemon.state import Context
 from gpuresa.daemon.work import Done, Started, deadline_of
 from gpuresa.model import Reservation, Session
+from gpuresa.observe.state import Counters
 from gpuresa.plan import (
     Action,
     Extend,
@@ -60,6 +63,16 @@ class Rounds:
     _fresh: bool
     _generation: int
 
+    counters: Counters
+
+    if TYPE_CHECKING:  # `Observing` has them
+
+        def _publish(self) -> None: ...
+
+        def _inventory(self, gpus: tuple[int, ...]) -> Inventory: ...
+
+        def _without_lost(self, actions: list[Action]) -> list[Action]: ...
+
     def _changed(self) -> None:
         """Something of Docker changed (an action ended): plan again with a fresh look.
 
@@ -85,13 +98,15 @@ class Rounds:
         context = self.context
         now = context.clock()
         config = context.config
-        inventory = Inventory(config.host(), gpus)
+        inventory = self._inventory(gpus)
         self._finish_interrupted_stops(sessions, now)
         in_flight = self.executor.in_flight()
         memory = self.remembered.memory(
             self.reservations, sessions, in_flight, now, context.journal
         )
-        actions = plan(self.reservations, sessions, inventory, now, config, memory)
+        actions = self._without_lost(
+            plan(self.reservations, sessions, inventory, now, config, memory)
+        )
         if actions:
             log.debug("round: %s", [action.describe() for action in actions])
         by_key = {session.key: session for session in sessions}
@@ -108,6 +123,7 @@ class Rounds:
             self._dispatch(action, session, now, stopping_gpus)
         self._owed_start_notices(sessions, now)
         self.timers = wakeups(self.reservations, sessions, inventory, now, config, memory)
+        self._publish()
 
     def _dispatch(
         self, action: Action, session: Session | None, now: datetime, stopping_gpus: set[int]
@@ -157,11 +173,12 @@ class Rounds:
             return
         log.info("%s", action.describe())
         payload: object = action if isinstance(action, Stop) else spec
+        dispatched = time.monotonic()
         self.executor.submit(
             key,
             type(action).__name__.lower(),
             job,
-            lambda outcome: self._done(action, session, outcome),
+            lambda outcome: self._done(action, session, outcome, dispatched),
             deadline_of(action),
             payload=payload,
             lane=lane,
@@ -169,14 +186,20 @@ class Rounds:
 
     # --- what came back ---------------------------------------------------------------------
 
-    def _done(self, action: Action, session: Session | None, outcome: object) -> None:
-        """An action finished (or failed): memory, journal, retries; then plan again."""
+    def _done(
+        self, action: Action, session: Session | None, outcome: object, dispatched: float
+    ) -> None:
+        """An action finished (or failed): memory, journal, retries; then plan again.
+
+        `dispatched`: when it was handed to the executor (`time.monotonic()`).
+        """
         key = action.key
         context = self.context
         now = context.clock()
         remembered = self.remembered
         self._changed()
         if isinstance(outcome, Started):
+            self.counters.observe_latency("start", time.monotonic() - dispatched)
             remembered.started(key)
             context.journal.record_action(key, action.describe(), now, "ok")
             if self.on_start is not None:
@@ -184,6 +207,7 @@ class Rounds:
             return
         if isinstance(outcome, Done):
             if isinstance(action, Stop):
+                self.counters.observe_latency("stop", time.monotonic() - dispatched)
                 remembered.stopped(key, context.journal)
             context.journal.record_action(key, action.describe(), now, "ok")
             return
@@ -192,6 +216,7 @@ class Rounds:
             self._wait_for_image(key, error.template, error.cuda, now)
             return
         context.journal.record_action(key, action.describe(), now, "failed", str(error))
+        self.counters.count_error(f"{type(action).__name__.lower()}-failed")
         if isinstance(error, RuntimeUnavailable):
             self._engine_down(error)
             remembered.retry_after[key] = now + self.docker_backoff
@@ -244,6 +269,7 @@ class Rounds:
     def _overdue(self, key: str, what: str, payload: object) -> None:
         now = self.context.clock()
         log.error("%s: %s is overdue; it may be stuck in the engine", key, what)
+        self.counters.count_error("overdue")
         self.context.journal.record_action(key, what, now, "failed", "overran its deadline")
         if isinstance(payload, Stop):
             self._stop_failed(payload, "the stop overran its deadline", now)
@@ -269,6 +295,8 @@ class Rounds:
     def _built(self, wanted: tuple[str | None, str | None], result: object) -> None:
         """A build finished: the sessions that waited for it go on at once (or fail)."""
         self.builds.discard(wanted)
+        if isinstance(result, Exception):
+            self.counters.count_error("build")
         now = self.context.clock()
         waiting = [key for key, image in self.image_waiting.items() if image == wanted]
         for key in waiting:

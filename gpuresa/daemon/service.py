@@ -22,16 +22,22 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from types import FrameType
 from typing import IO
+from zoneinfo import ZoneInfo
 
 from gpuresa import systemd
 from gpuresa.config import Config, load_config
 from gpuresa.daemon.loop import Loop
+from gpuresa.daemon.sampling import Sampler
 from gpuresa.daemon.state import Context, utc_now
 from gpuresa.errors import UserError
+from gpuresa.gpus.telemetry import Telemetry
+from gpuresa.gpus.tracker import HostInspector
+from gpuresa.gpus.usage_store import USAGE_FILE, UsageStore
 from gpuresa.journal import Journal
 from gpuresa.journal_guard import open_journal
 from gpuresa.model import Session
 from gpuresa.notify import Notifier
+from gpuresa.observe.server import ObservationServer
 from gpuresa.outbox import Outbox
 from gpuresa.outputs.disk import disk_warnings
 from gpuresa.runtime import Runtime
@@ -51,7 +57,12 @@ def journal_path(config: Config) -> Path:
 
 
 class Daemon:
-    """gpuresa's service. `run()` blocks until SIGTERM/SIGINT; sessions outlive it."""
+    """gpuresa's service. `run()` blocks until SIGTERM/SIGINT; sessions outlive it.
+
+    `runtime`, `telemetry` and `inspector` replace the gateways to Docker, the
+    GPUs and the host's /proc and cgroups (tests);
+    `on_start` is called on the loop with each session that started.
+    """
 
     def __init__(
         self,
@@ -60,9 +71,15 @@ class Daemon:
         runtime: Runtime | None = None,
         clock: Callable[[], datetime] = utc_now,
         on_start: Callable[[Session, str], None] | None = None,
+        telemetry: Telemetry | None = None,
+        inspector: HostInspector | None = None,
     ) -> None:
         self.config = config
         self._runtime = runtime
+        self._telemetry = telemetry
+        self._inspector = inspector
+        self.sampler: Sampler | None = None
+        self.server: ObservationServer | None = None
         self._clock = clock
         self._on_start = on_start
         self.lock_file: IO[str] | None = None
@@ -126,7 +143,17 @@ class Daemon:
             )
         for warning in disk_warnings(self.config):
             log.warning("%s", warning)
-        self.loop = Loop(context, on_start=self._on_start)
+        self.sampler = Sampler(UsageStore(state_dir / USAGE_FILE), self._telemetry, self._inspector)
+        self.loop = Loop(context, on_start=self._on_start, sampler=self.sampler)
+        if self.config.telemetry.listen:
+            try:
+                self.server = self._serve(self.config)
+            except OSError as error:
+                self._release()
+                raise UserError(
+                    f"cannot serve the metrics and status page on {self.config.telemetry.listen}"
+                    f" ([telemetry] listen): {error}"
+                ) from None
         self.outbox.start()
         self._thread = threading.Thread(target=self.loop.run, name="gpuresa-loop", daemon=True)
         self._thread.start()
@@ -164,6 +191,9 @@ class Daemon:
         log.info("gpuresa stopping; running sessions go on and will be adopted at the next start")
         self.stopping.set()
         deadline = time.monotonic() + SHUTDOWN_WAIT
+        if self.server is not None:
+            self.server.stop()  # half a second at most: it polls for shutdown twice a second
+            self.server = None
         if self.loop is not None:
             self.loop.stopping.set()
             self.loop.wake()
@@ -178,6 +208,14 @@ class Daemon:
             busy = sorted(f"{entry.what} {entry.key}" for entry in self.loop.executor.running())
             if busy:
                 log.warning("left under way, to be finished after the next start: %s", busy)
+        self._release()
+
+    def _release(self) -> None:
+        """Close the usage store, the journal and the state directory's lock."""
+        if self.sampler is not None and not (self.loop is not None and self.loop.sampling):
+            # a sample under way (NVML that hangs) keeps its store; the process ends anyway
+            self.sampler.close()
+        self.sampler = None
         if self._journal is not None and not (self.loop and self.loop.executor.running()):
             # closing waits for the journal's lock, which a stuck action may hold; a
             # journal left open is safe (SQLite's WAL), and the process ends anyway
@@ -185,6 +223,18 @@ class Daemon:
         if self.lock_file is not None:
             self.lock_file.close()  # releases the state directory's lock
             self.lock_file = None
+
+    def _serve(self, config: Config) -> ObservationServer:
+        """Start the observation server at `[telemetry] listen`; raises `OSError` if taken."""
+        assert self.loop is not None and config.telemetry.listen is not None
+        server = ObservationServer(
+            config.telemetry.listen,
+            self.loop.published.current,
+            ZoneInfo(config.reservations.timezone),
+            config.telemetry.page_days,
+        )
+        server.start()
+        return server
 
     def _on_stop_signal(self, number: int, frame: FrameType | None) -> None:
         log.info("received %s", signal.Signals(number).name)
@@ -208,7 +258,29 @@ class Daemon:
             self.outbox.set_notifier(_notifier(config))
             self.loop.context = Context(config, old.journal, self.outbox, clock=self._clock)
             self.loop.request_round()
+            self._follow_listen(config)
         log.info("configuration reloaded from %s", path)
+
+    def _follow_listen(self, config: Config) -> None:
+        """Follow `[telemetry] listen` after a reload: a new address gets a new server.
+
+        The old server keeps serving when the new address cannot be had.
+        """
+        listen = config.telemetry.listen
+        if self.server is not None and listen == self.server.listen:
+            self.server.zone = ZoneInfo(config.reservations.timezone)
+            self.server.days = config.telemetry.page_days
+            return
+        server = None
+        if listen:
+            try:
+                server = self._serve(config)
+            except OSError as error:
+                log.error("cannot serve on %s (%s); the old address stays", listen, error)
+                return
+        if self.server is not None:
+            self.server.stop()
+        self.server = server
 
     def _feed_watchdog(self) -> None:
         """Tell systemd we are alive, unless the loop has not turned for too long."""

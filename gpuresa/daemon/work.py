@@ -130,6 +130,11 @@ class Work:
         self.runtime.kill(key)
         return Done()
 
+    def end_main(self, key: str) -> Done:
+        """A session whose container lost its GPUs: its main container goes, to be made again."""
+        self.runtime.end_main(key)
+        return Done()
+
     def finish_interrupted_stop(self, key: str, record: str, now: datetime) -> Done:
         """A stop a restart cut short after the containers went: hand-over and end notice."""
         try:

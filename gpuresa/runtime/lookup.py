@@ -52,6 +52,17 @@ def by_key(containers: Iterable[dict[str, Any]]) -> dict[str, Found]:
     return {key: by_role(members) for key, members in grouped.items()}
 
 
+def container_roles(containers: Iterable[dict[str, Any]]) -> dict[str, tuple[str, str]]:
+    """Each gpuresa container's full id with its session key and role ("main", "ftp")."""
+    roles = {}
+    for container in containers:
+        labels = container.get("Config", {}).get("Labels", {})
+        key, role = labels.get(KEY_LABEL), labels.get(ROLE_LABEL)
+        if key is not None and role is not None:
+            roles[str(container["Id"])] = (key, role)
+    return roles
+
+
 def session_from(
     key: str, found: Found, end: datetime | None, *, gated: bool = False
 ) -> Session | None:

@@ -34,7 +34,15 @@ from gpuresa.runtime.errors import (
 )
 from gpuresa.runtime.gpus import HostGpus
 from gpuresa.runtime.images import Images
-from gpuresa.runtime.lookup import Found, by_key, by_role, container_name, session_from, status
+from gpuresa.runtime.lookup import (
+    Found,
+    by_key,
+    by_role,
+    container_name,
+    container_roles,
+    session_from,
+    status,
+)
 from gpuresa.runtime.namespaces import require_user_namespaces
 from gpuresa.runtime.output import remap_base
 from gpuresa.runtime.payload import (
@@ -133,13 +141,22 @@ class Runtime:
         label's. Containers whose labels gpuresa did not write are logged and
         left out.
         """
+        return self.sessions_and_containers()[0]
+
+    def sessions_and_containers(self) -> tuple[list[Session], dict[str, tuple[str, str]]]:
+        """`list_sessions()` and each of their containers' full id with (key, role).
+
+        From one listing of the engine, so the two always agree (the GPU
+        tracker tells a session's processes from others' by container id).
+        """
         containers = self.engine.containers({"label": [f"{HOST_LABEL}={self.config.daemon.host}"]})
         sessions = []
         for key, found in by_key(containers).items():
             session = self.session_of(key, found)
             if session is not None:
                 sessions.append(session)
-        return sorted(sessions, key=lambda session: (session.start, session.key))
+        ordered = sorted(sessions, key=lambda session: (session.start, session.key))
+        return ordered, container_roles(containers)
 
     def session(self, key: str) -> Session | None:
         """The session `key` of this host as Docker shows it, or None."""
@@ -284,6 +301,21 @@ class Runtime:
         The escalation of a stop that takes too long; idempotent like `stop`.
         """
         self._end(key, self.find(key))
+
+    def end_main(self, key: str) -> None:
+        """SIGKILL session `key`'s main container from the host and remove it; nothing else.
+
+        The FTP sidecar, network and output stay: the session then shows as
+        "stopped" and the daemon's next round makes it again (`Recreate`), with
+        its devices granted anew. Idempotent: no main container is done.
+        """
+        found = self.find(key)
+        if found.main is None:
+            return
+        main_only = Found(found.main, None)
+        stopping.kill_from_host(key, main_only)
+        stopping.remove_containers(self.engine, key, main_only)
+        log.warning("%s: main container removed, to be made again", key)
 
     def _end(self, key: str, found: Found) -> None:
         session = self.session_of(key, found)
