@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "gpuresa.commands.session_commands",
     "gpuresa.commands.daemon_commands",
     "gpuresa.commands.bench_commands",
+    "gpuresa.commands.output_commands",
 )
 
 Handler = Callable[[argparse.Namespace], int | None]

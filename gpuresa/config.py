@@ -186,16 +186,39 @@ class InputMount:
 
 @dataclass(frozen=True)
 class StorageConfig:
-    """[storage]: input folders and where each session's output is kept."""
+    """[storage]: input folders, where each session's output is kept, and for how long."""
 
     inputs: tuple[InputMount, ...] = ()
-    output_root: Path = Path("/var/lib/gpuresa/output")
+    output_root: Path = Path("/srv/gpuresa/output")
     output_pattern: str = Field(
         "{user}/{start:%Y%m%d-%H%M}-{key}",
         check=matches(r"[^/].*", "a relative path pattern"),
     )
     output_target: Path = Path("/output")
-    hand_output_to_user: bool = False
+    hand_output_to_user: bool = True
+    # the output service and its rules live in gpuresa/outputs/
+    output_retention: timedelta | Literal["forever"] = Field(
+        timedelta(days=7), expected='a duration such as "7d", or "forever"'
+    )
+    output_removal_notice: timedelta = timedelta(days=1)
+    output_uid_base: int = Field(1_500_000_000, check=at_least(65536))
+    sftp_port: int = Field(2222, check=lambda value: _port_or_off(value))
+    ftp_plain: bool = False
+    ftp_tls_cert: Path | None = None
+    ftp_tls_key: Path | None = None
+    free_warn: str = Field("10%", check=lambda value: _free_space(value))
+    free_refuse: str = Field("3%", check=lambda value: _free_space(value))
+    session_quota: str | None = Field(None, check=lambda value: _size(value))
+
+
+def _port_or_off(value: int) -> str | None:
+    return None if 0 <= value <= 65535 else f"expected a port (1-65535) or 0 for off, got {value}"
+
+
+def _free_space(value: str) -> str | None:
+    return matches(r"\d+(\.\d+)?%|\d+[bkmgt]?", 'a size such as "20g" or a share such as "5%"')(
+        value.strip().lower()
+    )
 
 
 @dataclass(frozen=True)
@@ -352,11 +375,42 @@ def _cross_checks(config: Config) -> list[str]:
                 f"hosts[{index}].ftp_passive_ports: fewer ports than "
                 f"ftp_passive_per_session ({host.ftp_passive_per_session})"
             )
+    problems.extend(_storage_checks(config))
     for index, mount in enumerate(config.storage.inputs):
         if mount.target == config.storage.output_target:
             problems.append(
                 f"storage.inputs[{index}].target: {mount.target} is the output folder's target"
             )
+    return problems
+
+
+def _storage_checks(config: Config) -> list[str]:
+    """[storage] problems that involve more than one key (see gpuresa/outputs/)."""
+    from gpuresa.outputs.disk import free_bytes
+
+    storage = config.storage
+    problems = []
+    if storage.sftp_port and not storage.output_pattern.startswith("{user}/"):
+        problems.append(
+            'storage.output_pattern: must start with "{user}/" so that the output service '
+            "can confine each login to its own folder (or set storage.sftp_port = 0)"
+        )
+    for index, host in enumerate(config.hosts):
+        for name in ("ssh_ports", "ftp_ports", "ftp_passive_ports"):
+            if storage.sftp_port in getattr(host, name):
+                problems.append(
+                    f"storage.sftp_port: {storage.sftp_port} is in hosts[{index}].{name}"
+                )
+    if (storage.ftp_tls_cert is None) != (storage.ftp_tls_key is None):
+        problems.append("storage.ftp_tls_cert and storage.ftp_tls_key: set both or neither")
+    # a share and a size compare only on a given disk: checked when both are of a kind
+    same_kind = storage.free_refuse.endswith("%") == storage.free_warn.endswith("%")
+    total = 1 << 50
+    if same_kind and free_bytes(storage.free_refuse, total) > free_bytes(storage.free_warn, total):
+        problems.append(
+            f"storage.free_refuse: {storage.free_refuse!r} is more than storage.free_warn "
+            f"({storage.free_warn!r}); sessions would be refused before anyone is warned"
+        )
     return problems
 
 

@@ -430,12 +430,15 @@ def start_message(
     timezone: str,
     *,
     output_target: Path = OUTPUT_TARGET,
+    details: str = "",
 ) -> tuple[str, str]:
     """The notice sent when a session starts: how to log in, FTP access, the end.
 
     Given the running session (with its FTP credentials), the host name users
-    connect to (`[[hosts]].public_name`, else its name) and the site time zone.
-    The body holds the exact line `ssh -p PORT user@host` on a line of its own.
+    connect to (`[[hosts]].public_name`, else its name) and the site time zone;
+    `details` (host keys, the output service: `outputs.messages.start_details`)
+    is added before the closing lines. The body holds the exact line
+    `ssh -p PORT user@host` on a line of its own.
     """
     end = format_time(session.end, timezone)
     until = format_clock(session.end, timezone, offset=False)
@@ -453,7 +456,8 @@ ssh -p {session.ssh_port} {session.user}@{public_host}
 
 You have sudo inside the session. Keep your results in {output_target}: that
 folder is kept after the end; everything else in the session is lost when it
-stops. While the session runs, {output_target} is also served over FTP:
+stops. While the session runs, {output_target} is also served over FTPS
+(FTP with explicit TLS; this password is for this session only):
 
   FTP host:      {public_host}
   FTP port:      {session.ftp_port}
@@ -461,8 +465,9 @@ stops. While the session runs, {output_target} is also served over FTP:
   FTP password:  {session.ftp_password}
   Passive ports: {session.ftp_passive_first}-{session.ftp_passive_last}
 
-For example:  lftp -p {session.ftp_port} -u {session.ftp_user} {public_host}
-
+For example:
+  lftp -e "set ftp:ssl-force true" -p {session.ftp_port} -u {session.ftp_user} {public_host}
+{details}
 You will be warned by e-mail and in the session before the end.
 
 Reservation: {one_line(session.key)}
@@ -494,10 +499,14 @@ Reservation: {one_line(session.key)}
     return subject, body
 
 
-def end_message(session: Session, output_dir: Path, timezone: str) -> tuple[str, str]:
+def end_message(
+    session: Session, output_dir: Path, timezone: str, *, details: str = ""
+) -> tuple[str, str]:
     """The notice sent when a session has been stopped: where its output is kept.
 
-    Given the folder on the host that held the session's output.
+    Given the folder on the host that held the session's output; `details`
+    (how to download it and until when: `outputs.messages.end_details`) is
+    added after it.
     """
     subject = f"{SUBJECT_PREFIX} Your GPU session on {session.host} has ended"
     body = f"""\
@@ -508,7 +517,7 @@ your GPU session on {session.host} ended at {format_time(session.end, timezone)}
 What you saved in the session's output folder is kept on {session.host} in:
 
   {output_dir}
-
+{details}
 Reservation: {one_line(session.key)}
 """
     return subject, body

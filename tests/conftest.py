@@ -214,6 +214,14 @@ class DockerHarness:
                 time.sleep(0.05)
         return self._ours()
 
+    def sessions(self) -> list[Any]:
+        """`ours()` but the host's output service, which outlives every session."""
+        return [
+            container
+            for container in self.ours()
+            if container.labels.get("gpuresa.role") != "outputs"
+        ]
+
     def _ours(self) -> list[Any]:
         found = {}
         for filters in (

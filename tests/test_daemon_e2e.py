@@ -33,6 +33,7 @@ from gpuresa.config import Config, load_config
 from gpuresa.demo import free_port_block
 from gpuresa.journal import Journal
 from gpuresa.model import Session
+from gpuresa.outputs.service import OutputService
 from gpuresa.runtime import Runtime
 
 Value = TypeVar("Value")
@@ -206,6 +207,7 @@ emails = {{ alice = "alice@example.org" }}
 
 [storage]
 output_root = "{output_root}"
+sftp_port = {port_block(1)}
 [[storage.inputs]]
 source = "{inputs}"
 target = "/data"
@@ -225,6 +227,7 @@ admin = "admins@example.org"
     # build the template image now, so no test waits for a build at its start time
     Runtime(config).ensure_image("pytorch", None)
     Runtime(config).ensure_ftp_image()  # starts never build images
+    OutputService(config, Runtime(config)).ensure_image()
     stack = Stack(
         config_file=config_file,
         config=config,
@@ -307,7 +310,7 @@ def test_booking_lifecycle_with_extension_kill_and_calendar_outage(
     time.sleep(5)
     sessions = [session for session in stack.sessions() if session.key == "lifecycle-1"]
     assert len(sessions) == 1 and sessions[0].ssh_port == port
-    assert len(docker_harness.ours()) == 2  # the main container and its FTP sidecar
+    assert len(docker_harness.sessions()) == 2  # the main container and its FTP sidecar
 
     # the calendar server goes away: the session still runs to its (new) end
     stack.radicale.stop()
@@ -326,10 +329,27 @@ def test_booking_lifecycle_with_extension_kill_and_calendar_outage(
     )
     assert gone >= new_end
     assert gone - (new_end + grace) <= timedelta(seconds=2), f"gone {gone - new_end} after end"
-    assert docker_harness.ours() == []
+    # nothing of the session is left; the host's output service stays
+    left = [container.labels.get("gpuresa.role") for container in docker_harness.ours()]
+    assert left == ["outputs"]
     outputs = list(stack.output_root.rglob("result.txt"))
     assert len(outputs) == 1 and outputs[0].read_text() == "result\n"
-    mail_matching(stack.smtp, "ended")
+    # the end notice (sent once the output is handed over) says how to download it, and
+    # until when; the output service serves it then, with no host account
+    ended = mail_matching(stack.smtp, "ended")
+    port = stack.config.storage.sftp_port
+    assert f"sftp -P {port} alice@" in ended.get_content() and "removed on" in ended.get_content()
+    with paramiko.SSHClient() as sftp_client:
+        sftp_client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+        sftp_client.connect(
+            "127.0.0.1", port, username="alice", key_filename=str(stack.key_file),
+            look_for_keys=False, allow_agent=False, timeout=10,
+        )  # fmt: skip
+        with sftp_client.open_sftp().open(f"{outputs[0].parent.name}/result.txt") as stream:
+            assert stream.read() == b"result\n"
+    # the start notice gives the host keys every session of the host presents
+    started = mail_matching(stack.smtp, "ready")
+    assert "SHA256:" in started.get_content() and "]:* ssh-ed25519 " in started.get_content()
 
 
 def test_cancelled_and_rejected_bookings(stack: Stack) -> None:

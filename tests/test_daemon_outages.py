@@ -196,10 +196,10 @@ def test_sessions_ending_together_stop_side_by_side(
                 detach=True,
             )
         deadline = time.monotonic() + (end - datetime.now(UTC)).total_seconds() + 3 * grace + 10
-        while time.monotonic() < deadline and docker_harness.ours():
+        while time.monotonic() < deadline and docker_harness.sessions():
             time.sleep(0.1)
         gone = datetime.now(UTC)
-        assert docker_harness.ours() == []
+        assert docker_harness.sessions() == []
         # one grace period for both, not one after the other
         assert (gone - end).total_seconds() <= grace + 2.5
     finally:

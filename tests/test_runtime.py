@@ -25,6 +25,7 @@ import pwd
 import random
 import shutil
 import socket
+import ssl
 import stat
 import subprocess
 import time
@@ -250,11 +251,16 @@ def run(client: paramiko.SSHClient, command: str) -> tuple[int, str]:
 
 @contextlib.contextmanager
 def ftp_login(session: Session, user: str, password: str) -> Iterator[ftplib.FTP]:
-    ftp = ftplib.FTP()
+    # FTPS, as sidecars require; the certificate itself is checked in test_outputs_service.py
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    ftp = ftplib.FTP_TLS(context=context)
     # use the address the server announces in PASV, as most FTP clients do
     ftp.trust_server_pasv_ipv4_address = True  # type: ignore[attr-defined]  # not in typeshed
     ftp.connect("127.0.0.1", session.ftp_port, timeout=10)
     ftp.login(user, password)
+    ftp.prot_p()
     ftp.set_pasv(True)
     try:
         yield ftp
@@ -339,10 +345,11 @@ def test_the_containers_are_confined(site: Site) -> None:
     assert settings["ShmSize"] == 256 * 1024**2
     assert settings["PidsLimit"] == 512
     mounts = {mount["Destination"]: mount for mount in main_container.attrs["Mounts"]}
-    assert set(mounts) == {"/data", "/output", "/etc/gpuresa/session"}
+    assert set(mounts) == {"/data", "/output", "/etc/gpuresa/session", "/etc/ssh/gpuresa-host-keys"}
     assert mounts["/data"]["RW"] is False and mounts["/output"]["RW"] is True
     # the session's files are written on the host; the session may only read them
     assert mounts["/etc/gpuresa/session"]["RW"] is False
+    assert mounts["/etc/ssh/gpuresa-host-keys"]["RW"] is False
     with ssh_login(session, "alice", site.key("alice")) as client:
         # root through sudo keeps only the capabilities sshd and sudo need
         code, output = run(client, "sudo -n grep CapEff /proc/self/status")

@@ -313,6 +313,7 @@ def test_ftp_payload_is_exactly_this() -> None:
             "FTP_PASSIVE_FIRST=30009",
             "FTP_PASSIVE_LAST=30011",
             "FTP_PASSWORD=s3cret",
+            "FTP_PLAIN=no",
             "FTP_UID=20123",
             "FTP_USER=alice",
             f"GPURESA_SESSION={safe_key(spec.key)}",

@@ -14,6 +14,7 @@ from typing import Any
 from gpuresa.config import Config, load_config
 from gpuresa.errors import UserError
 from gpuresa.journal import Journal
+from gpuresa.outputs.disk import disk_report
 from gpuresa.schema import Invalid, parse_duration
 
 
@@ -163,6 +164,7 @@ def status_report(config: Config, now: datetime) -> dict[str, Any]:
         report["outbox"] = outbox_report(journal)
         pid = journal.get_meta("daemon_pid")
         report["daemon_pid"] = int(pid) if pid else None
+        report["output_disk"] = disk_report(config)
     finally:
         journal.close()
     return report
@@ -229,6 +231,10 @@ def status_command(arguments: argparse.Namespace) -> int:
             f"  {item['key']:<40} {item['user']:<12} {item['gpus']} GPU(s) {item['template']}"
             f"  {item['start']} → {item['end']}"
         )
+    disk = report["output_disk"]
+    print(f"\noutput disk: {disk['summary']}  [{disk['level']}]")
+    if disk["refusal"]:
+        print(f"  new sessions are refused: {disk['refusal']}")
     print(f"\nrejected ({len(report['rejected'])}):")
     for item in report["rejected"]:
         print(f"  {item['key']:<40} {item['reason']}")

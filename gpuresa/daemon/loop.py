@@ -54,6 +54,8 @@ FRESH_FOR = 5.0
 POLL_DEADLINE = 300.0
 # How often the journal is trimmed and Docker's leftovers collected.
 MAINTENANCE_EVERY = timedelta(hours=1)
+# how often the output service is checked, removal notices sent and outputs pruned
+OUTPUTS_EVERY = timedelta(minutes=10)
 
 
 class Loop(Rounds, Observing):
@@ -98,6 +100,9 @@ class Loop(Rounds, Observing):
         self.image_waiting: dict[str, tuple[str | None, str | None]] = {}
         self._next_maintenance = time.monotonic() + 60
         self._maintaining = False
+        # the output service is wanted soon after a start: sessions may end any minute
+        self._next_outputs = time.monotonic() + 2
+        self._outputs_running = False
         # monotonic time of the loop's last turn, for the watchdog
         self.heartbeat = time.monotonic()
         self._init_observing(sampler)
@@ -171,6 +176,8 @@ class Loop(Rounds, Observing):
             self._start_observe()
         for entry in self.executor.overdue():
             self._overdue(entry.key, entry.what, entry.payload)
+        if not self._outputs_running and monotonic >= self._next_outputs:
+            self._start_outputs()
         if not self._maintaining and monotonic >= self._next_maintenance:
             self._start_maintenance()
         self._sample_if_due(monotonic)
@@ -215,6 +222,29 @@ class Loop(Rounds, Observing):
             log.error("maintenance failed: %s", result)
         else:
             log.info("maintenance: %s", result)
+
+    # --- outputs ------------------------------------------------------------------------------
+
+    def _start_outputs(self) -> None:
+        """The output service, removal notices, pruning and the output disk (off the loop)."""
+        self._outputs_running = True
+        context = self.context
+        now = context.clock()
+        sessions = list(self.sessions)
+        notices = context.notices
+
+        def work() -> str:
+            return context.outputs.run(now, sessions, notices.output_notice, notices.to_admin)
+
+        self._background("outputs", work, self._outputs_done)
+
+    def _outputs_done(self, result: str | Exception) -> None:
+        self._outputs_running = False
+        self._next_outputs = time.monotonic() + OUTPUTS_EVERY.total_seconds()
+        if isinstance(result, Exception):
+            log.error("outputs round failed: %s", result)
+        else:
+            log.info("outputs: %s", result)
 
     # --- polling the calendars -------------------------------------------------------------
 

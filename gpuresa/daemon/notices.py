@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from gpuresa.config import Config
 from gpuresa.gpus.findings import GpuLostFromHost, GpuLostInSession, IdleBooking, UnbookedProcess
@@ -29,6 +29,7 @@ from gpuresa.notify import (
     warning_message,
 )
 from gpuresa.outbox import Outbox
+from gpuresa.outputs.messages import end_details, start_details
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,9 @@ class Notices:
     def start(self, session: Session, email: str | None) -> bool:
         """The start notice (SSH line, FTP details); again only when these details change."""
         kind = "start-" + _digest(session.ssh_port, session.ftp_port, session.ftp_password)
-        message = start_message(session, self._public_host(), self._timezone)
+        message = start_message(
+            session, self._public_host(), self._timezone, details=self._start_details(session)
+        )
         return self._to_user(session.key, kind, session.user, email or session.email, message)
 
     def warning(self, session: Session, before: timedelta, end: datetime, now: datetime) -> None:
@@ -81,8 +84,23 @@ class Notices:
         message = warning_message(session, end - now, self._timezone)
         self._to_user(session.key, kind, session.user, session.email, message)
 
+    def _start_details(self, session: Session) -> str:
+        """Host keys and the output service for the start notice; none if unreadable."""
+        try:
+            return start_details(self.config, session, self._public_host())
+        except OSError as error:
+            log.error("%s: host keys left out of the start notice: %s", session.key, error)
+            return ""
+
+    def output_notice(
+        self, key: str, kind: str, user: str, email: str | None, message: tuple[str, str]
+    ) -> bool:
+        """A notice about outputs (removal, a full disk), once per (key, kind)."""
+        return self._to_user(key, kind, user, email, message)
+
     def end(self, session: Session) -> None:
-        message = end_message(session, session.output_dir, self._timezone)
+        details = end_details(self.config, session, self._public_host(), datetime.now(UTC))
+        message = end_message(session, session.output_dir, self._timezone, details=details)
         self._to_user(session.key, "end", session.user, session.email, message)
 
     def cancelled(self, session: Session, stop_at: datetime) -> None:

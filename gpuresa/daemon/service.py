@@ -39,6 +39,7 @@ from gpuresa.model import Session
 from gpuresa.notify import Notifier
 from gpuresa.observe.server import ObservationServer
 from gpuresa.outbox import Outbox
+from gpuresa.outputs.disk import disk_warnings
 from gpuresa.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -140,6 +141,8 @@ class Daemon:
                 f"{problem}\n\nThe daemon goes on with a new journal and rebuilds what runs "
                 "from Docker's labels. Past history is in the file set aside.\n",
             )
+        for warning in disk_warnings(self.config):
+            log.warning("%s", warning)
         self.sampler = Sampler(UsageStore(state_dir / USAGE_FILE), self._telemetry, self._inspector)
         self.loop = Loop(context, on_start=self._on_start, sampler=self.sampler)
         if self.config.telemetry.listen:

@@ -19,6 +19,8 @@ from gpuresa.journal import Journal
 from gpuresa.model import Rejection
 from gpuresa.notify import Notifier
 from gpuresa.outbox import Outbox
+from gpuresa.outputs.duties import OutputDuties
+from gpuresa.outputs.service import OutputService
 from gpuresa.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -52,6 +54,7 @@ class Context:
         self.notifier = Notifier(config.notify, config.users)
         self.notices = Notices(config, self.notifier, outbox)
         self.work = Work(config, self.runtime, journal, self.notices)
+        self.outputs = OutputDuties(OutputService(config, self.runtime))
 
     def public_host(self) -> str:
         host = self.config.host()

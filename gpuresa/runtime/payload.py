@@ -35,6 +35,9 @@ DRIVER_LIBRARY_TARGET = PurePosixPath("/usr/local/nvidia/lib64")
 DRIVER_BINARY_TARGET = PurePosixPath("/usr/local/nvidia/bin")
 # where the session's host-written files (banner, motd, end, message) appear, read-only
 SESSION_FILES_TARGET = PurePosixPath("/etc/gpuresa/session")
+# where the host's shared SSH host keys and the FTPS certificate appear
+HOST_KEYS_TARGET = PurePosixPath("/etc/ssh/gpuresa-host-keys")
+FTP_TLS_TARGET = PurePosixPath("/etc/gpuresa-ftp/tls")
 
 # What sshd, sudo and the entrypoint need, found by trying each one away:
 # CHOWN (groupadd, useradd), SETUID/SETGID (sshd's privilege separation, sudo),
@@ -292,6 +295,8 @@ class MainContainer:
     gpu: GpuAccess = field(default_factory=GpuAccess)
     # what the engine adds to HostConfig (Podman: the session's own user namespace)
     engine_settings: Mapping[str, Any] = field(default_factory=dict)
+    # the host's SSH host keys (a copy the container's root can read), if shared
+    host_keys_dir: Path | None = None
 
 
 def main_payload(
@@ -326,6 +331,8 @@ def main_payload(
         _bind(main.session_files, SESSION_FILES_TARGET, read_only=True),
         *main.gpu.mounts,
     ]
+    if main.host_keys_dir is not None:
+        mounts.append(_bind(main.host_keys_dir, HOST_KEYS_TARGET, read_only=True))
     host_config: dict[str, Any] = {
         "NetworkMode": network,
         "PortBindings": {
@@ -387,8 +394,12 @@ def ftp_payload(
     labels: Mapping[str, str],
     announced_address: str = "",
     engine_settings: Mapping[str, Any] | None = None,
+    tls_dir: Path | None = None,
 ) -> dict[str, Any]:
     """The create payload of a session's FTP sidecar (vsftpd on the output folder).
+
+    With `tls_dir` (cert.pem and key.pem) it speaks explicit TLS, required
+    unless storage.ftp_plain.
 
     The passive ports are published on the same numbers inside and out: the
     PASV reply names the port the server listens on, and `announced_address`
@@ -416,7 +427,11 @@ def ftp_payload(
         "FTP_PASSIVE_FIRST": str(spec.ftp_passive_first),
         "FTP_PASSIVE_LAST": str(spec.ftp_passive_last),
         "FTP_PASSIVE_ADDRESS": announced_address,
+        "FTP_PLAIN": "yes" if config.storage.ftp_plain else "no",
     }
+    mounts = [_bind(output_dir, PurePosixPath("/output"), read_only=False)]
+    if tls_dir is not None:
+        mounts.append(_bind(tls_dir, FTP_TLS_TARGET, read_only=True))
     return {
         "Image": image,
         "Cmd": [],
@@ -427,7 +442,7 @@ def ftp_payload(
         "HostConfig": {
             "NetworkMode": network,
             "PortBindings": bindings,
-            "Mounts": [_bind(output_dir, PurePosixPath("/output"), read_only=False)],
+            "Mounts": mounts,
             "Devices": [],
             "DeviceRequests": [],
             "CapDrop": ["ALL"],

@@ -24,9 +24,6 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
-from gpuresa.access import (
-    host_account,
-)
 from gpuresa.config import Config, HostConfig
 from gpuresa.model import Session, SessionSpec
 from gpuresa.runtime import garbage, stopping
@@ -48,7 +45,6 @@ from gpuresa.runtime.lookup import (
     status,
 )
 from gpuresa.runtime.namespaces import require_user_namespaces
-from gpuresa.runtime.output import hand_over
 from gpuresa.runtime.payload import (
     HOST_LABEL,
     KEY_LABEL,
@@ -344,22 +340,15 @@ class Runtime:
         self.finish_stop(session)
 
     def finish_stop(self, session: Session) -> None:
-        """What follows a session's removal: its output handed to the login, if configured.
+        """What follows a session's removal: its output handed to its login's owner and dated.
 
         Also called for a stop that a daemon restart interrupted after the
-        containers were gone. Logs, never raises.
+        containers were gone. Logs, never raises (see `outputs.handover`).
         """
-        key = session.key
-        if self.config.storage.hand_output_to_user:
-            account = host_account(session.user)
-            if account is None:
-                log.warning(
-                    "%s: %s has no account on this host: output stays with gpuresa",
-                    key,
-                    session.user,
-                )
-            elif session.output_dir.is_dir():
-                hand_over(session.output_dir, account.uid, account.gid, key)
+        # imported here: gpuresa.outputs builds on this package's gateway and output helpers
+        from gpuresa.outputs.handover import finish_output
+
+        finish_output(self.config, session)
 
     def _remove_networks(self, key: str) -> None:
         host = self.config.daemon.host

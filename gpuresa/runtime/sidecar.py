@@ -13,7 +13,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from gpuresa.access import AccessError, ftp_credentials
-from gpuresa.model import SessionSpec
+from gpuresa.model import IdRange, SessionSpec
+from gpuresa.outputs.credentials import HostCredentials
 from gpuresa.runtime.engine import dumps
 from gpuresa.runtime.errors import SessionError
 from gpuresa.runtime.lookup import container_name, status
@@ -68,6 +69,7 @@ def _recreate(runtime: Runtime, key: str, main: dict[str, Any]) -> str:
         credentials = ftp_credentials(session.user)
     except (KeyError, ValueError, AccessError) as error:
         raise SessionError(f"session {key}: cannot make its FTP sidecar again: {error}") from None
+    ids = runtime.kind.session_range(runtime.engine, main)
     spec = SessionSpec(
         key=session.key,
         user=session.user,
@@ -94,11 +96,15 @@ def _recreate(runtime: Runtime, key: str, main: dict[str, Any]) -> str:
         labels,
         runtime.announced_address(key),
         # the same host ids as the user's container (Podman: that session's own range)
-        runtime.kind.sidecar_settings(
-            runtime.kind.session_range(runtime.engine, main), runtime.config.limits
-        ),
+        runtime.kind.sidecar_settings(ids, runtime.config.limits),
+        tls_dir=HostCredentials(runtime.config).sidecar_tls(*_base(ids)),
     )
     log.debug("%s: FTP sidecar %s", key, dumps(payload))
     name = ftp_name(session.host, key)
     runtime.engine.create_container(name, payload, key)
     return name
+
+
+def _base(ids: IdRange | None) -> tuple[int, int]:
+    """The host uid and gid of root in the session's containers (0, 0 without a range)."""
+    return (ids.uid, ids.gid) if ids is not None else (0, 0)

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 
 from gpuresa.access import AccessError, authorized_keys, container_uid, ftp_credentials
 from gpuresa.model import Session, SessionSpec
+from gpuresa.outputs.credentials import HostCredentials
+from gpuresa.outputs.disk import apply_session_quota, start_refusal
 from gpuresa.runtime.engine import dumps
 from gpuresa.runtime.errors import EngineTimeout, ImageMissing, PortRefused, SessionError
 from gpuresa.runtime.gpus import host_gpu_access
@@ -40,6 +42,9 @@ if TYPE_CHECKING:
     from gpuresa.runtime.runtime import Runtime
 
 log = logging.getLogger(__name__)
+
+# in a session's host-side folder: its copy of the host's SSH host keys
+HOST_KEYS_FOLDER = "host-keys"
 
 
 def prepare_session(
@@ -68,6 +73,11 @@ def prepare_session(
             existing.state if existing else "unreadable",
         )
         runtime.remove_now(key, found)
+    # a nearly full output disk refuses new sessions; running ones go on
+    refusal = start_refusal(runtime.config, key)
+    if refusal is not None:
+        log.error("%s: refused: %s", key, refusal)
+        raise SessionError(f"session {key}: {refusal}")
     users = runtime.config.users
     try:
         keys = authorized_keys(spec.user, users)
@@ -78,12 +88,16 @@ def prepare_session(
     gpu = host_gpu_access(runtime.host, spec.gpus)
     output_dir = output_path(runtime.config, spec)
     make_output_folder(output_dir)
+    apply_session_quota(runtime.config, output_dir, key)
     labelled = dataclasses.replace(spec, cuda=variant.name)
     runtime.ends.forget(key)
     files = runtime.files.show_facts(
         key, runtime.facts(labelled), runtime.config.reservations.timezone
     )
     labels = session_labels(labelled, uid, output_dir, credentials.user)
+    host_credentials = HostCredentials(runtime.config)
+    host_keys = files / HOST_KEYS_FOLDER
+    host_keys.mkdir(mode=0o700, exist_ok=True)
     main = MainContainer(
         image=image,
         uid=uid,
@@ -93,6 +107,8 @@ def prepare_session(
         command=template.command or (),
         gpu=gpu,
         engine_settings=runtime.kind.main_settings(runtime.config.limits),
+        # the host's own SSH host keys, copied for this session's root once its ids are known
+        host_keys_dir=host_keys,
     )
     main_config = main_payload(runtime.config, labelled, main, labels)
     log.debug("%s: main container %s", key, dumps(main_config))
@@ -106,6 +122,9 @@ def prepare_session(
         ids = runtime.kind.created(runtime.engine, main_id, spec.gpus, key)
         base_uid, base_gid = (ids.uid, ids.gid) if ids else (0, 0)
         prepare_output(output_dir, base_uid + uid, base_gid + uid, key)
+        # the host's SSH host keys and FTPS certificate, readable by the containers' root
+        host_credentials.session_host_keys(base_uid, base_gid, host_keys)
+        tls = host_credentials.sidecar_tls(base_uid, base_gid)
         sidecar_config = ftp_payload(
             runtime.config,
             labelled,
@@ -117,6 +136,7 @@ def prepare_session(
             labels,
             runtime.announced_address(key),
             runtime.kind.sidecar_settings(ids, runtime.config.limits),
+            tls_dir=tls,
         )
         log.debug("%s: FTP sidecar %s", key, dumps(sidecar_config))
         runtime.engine.create_container(sidecar, sidecar_config, key)

@@ -41,10 +41,16 @@ printf '%s\n' "${GPURESA_AUTHORIZED_KEYS:?GPURESA_AUTHORIZED_KEYS is not set}" \
     >"/etc/ssh/authorized_keys/$login"
 chmod 0644 "/etc/ssh/authorized_keys/$login"
 
-# --- host keys: made here, so every session has its own (no slow RSA) ------------
+# --- host keys: the host's own when gpuresa mounts them (every session of a host
+# shows the same keys), else made here (no slow RSA) ---------------------------------
 for type in ed25519 ecdsa; do
     key="/etc/ssh/ssh_host_${type}_key"
-    [ -s "$key" ] || ssh-keygen -q -t "$type" -N '' -C "gpuresa-${GPURESA_SESSION:-session}" -f "$key"
+    shared="/etc/ssh/gpuresa-host-keys/ssh_host_${type}_key"
+    if [ -s "$shared" ]; then
+        ln -sf "$shared" "$key"
+    else
+        [ -s "$key" ] || ssh-keygen -q -t "$type" -N '' -C "gpuresa-${GPURESA_SESSION:-session}" -f "$key"
+    fi
 done
 
 # --- the environment of login sessions: the image's, plus the GPUs' ---------------

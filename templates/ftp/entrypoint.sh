@@ -38,6 +38,23 @@ config=/etc/vsftpd-gpuresa.conf
         printf 'pasv_address=%s\n' "$FTP_PASSIVE_ADDRESS"
     fi
     printf 'ftpd_banner=gpuresa: output of session %s\n' "${GPURESA_SESSION:-}"
+    # explicit TLS (FTPS) with the host's certificate; plain FTP only when the
+    # config asks for it (FTP_PLAIN=yes)
+    tls=/etc/gpuresa-ftp/tls
+    if [ -s "$tls/cert.pem" ] && [ -s "$tls/key.pem" ]; then
+        printf 'ssl_enable=YES\nrsa_cert_file=%s\nrsa_private_key_file=%s\n' \
+            "$tls/cert.pem" "$tls/key.pem"
+        # clients such as Python's ftplib do not resume the TLS session on data connections
+        printf 'require_ssl_reuse=NO\nssl_ciphers=HIGH\nallow_anon_ssl=NO\n'
+        printf 'ssl_sslv2=NO\nssl_sslv3=NO\nssl_tlsv1=NO\n'
+        if [ "${FTP_PLAIN:-no}" = yes ]; then
+            printf 'force_local_logins_ssl=NO\nforce_local_data_ssl=NO\n'
+        else
+            printf 'force_local_logins_ssl=YES\nforce_local_data_ssl=YES\n'
+        fi
+    elif [ "${FTP_PLAIN:-no}" != yes ]; then
+        fail "no certificate in $tls and plain FTP is not allowed (storage.ftp_plain)"
+    fi
 } >"$config"
 mkdir -p /var/run/vsftpd/empty
 echo "gpuresa ftp: serving /output to $login (uid $uid)" >&2

@@ -1,0 +1,97 @@
+"""`gpuresa outputs list|prune|serve`: finished outputs, their retention, the output service."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from gpuresa.commands.template_commands import docker_errors
+from gpuresa.config import load_config
+from gpuresa.errors import UserError
+from gpuresa.outputs.disk import disk_warnings
+from gpuresa.outputs.records import OutputFolder, folder_bytes
+from gpuresa.outputs.service import OutputService
+from gpuresa.runtime import Runtime, SessionError
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser("outputs", help="session outputs kept on this host")
+    actions = parser.add_subparsers(dest="outputs_command", metavar="ACTION", required=True)
+
+    listing = actions.add_parser("list", help="every output folder, its size and removal date")
+    listing.add_argument("--user", help="only this login's outputs")
+    listing.add_argument("--json", action="store_true", help="JSON instead of a table")
+    listing.set_defaults(handler=list_command)
+
+    prune = actions.add_parser("prune", help="remove the outputs whose retention is over")
+    prune.add_argument("--dry-run", action="store_true", help="only say what would be removed")
+    prune.set_defaults(handler=prune_command)
+
+    serve = actions.add_parser("serve", help="start or check the output service (SFTP)")
+    serve.set_defaults(handler=serve_command)
+
+
+def _service(arguments: argparse.Namespace) -> OutputService:
+    config = load_config(arguments.config)
+    return OutputService(config, Runtime(config))
+
+
+def _row(folder: OutputFolder, service: OutputService) -> dict[str, Any]:
+    removal = folder.removal(service.config.storage)
+    return {
+        "user": folder.user,
+        "path": str(folder.path),
+        "key": folder.key,
+        "bytes": folder_bytes(folder.path),
+        "in_use": folder.busy,
+        "ended": folder.ended.isoformat() if folder.ended else None,
+        "notice_sent": folder.notice_sent.isoformat() if folder.notice_sent else None,
+        "removal": removal.isoformat() if removal else None,
+    }
+
+
+def list_command(arguments: argparse.Namespace) -> int:
+    service = _service(arguments)
+    with docker_errors():
+        folders = service.folders()
+    rows = [_row(folder, service) for folder in folders if arguments.user in (None, folder.user)]
+    if arguments.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print("no outputs")
+        return 0
+    print(f"{'USER':<12} {'SIZE':>10} {'ENDED':<17} {'REMOVAL':<17} PATH")
+    for row in rows:
+        ended = "in use" if row["in_use"] else (row["ended"] or "?")[:16]
+        removal = "never" if row["removal"] is None else row["removal"][:16]
+        size = f"{row['bytes'] / 1024**2:.1f} MiB"
+        print(f"{row['user']:<12} {size:>10} {ended:<17} {removal:<17} {row['path']}")
+    return 0
+
+
+def prune_command(arguments: argparse.Namespace) -> int:
+    service = _service(arguments)
+    with docker_errors():
+        removed = service.prune(datetime.now(UTC), dry_run=arguments.dry_run)
+    verb = "would remove" if arguments.dry_run else "removed"
+    for folder in removed:
+        print(f"{verb} {folder.path} ({folder.user})")
+    if not removed:
+        print("nothing to remove")
+    return 0
+
+
+def serve_command(arguments: argparse.Namespace) -> int:
+    service = _service(arguments)
+    for warning in disk_warnings(service.config):
+        print(f"warning: {warning}")
+    with docker_errors():
+        try:
+            state = service.ensure_running()
+        except SessionError as error:
+            raise UserError(f"the output service could not be started: {error}") from None
+    print(f"output service {state.action} on port {state.port} for {len(state.logins)} login(s)")
+    return 0

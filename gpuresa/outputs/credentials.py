@@ -1,0 +1,264 @@
+"""The host's SSH host keys and FTPS certificate: made once, kept in the state directory.
+
+Every session of a host and its output service present the same SSH host keys,
+so users can keep one `known_hosts` line instead of learning to ignore
+warnings. The keys are generated once (Ed25519 and ECDSA, with `cryptography`)
+into `<state_dir>/host-keys/` (root's, 0600). A session's sshd runs as the
+container's remapped root, which cannot read root's files, so a copy owned by
+that uid sits in `host-keys/session/` and is mounted read-only in sessions;
+the output service (real root) mounts the originals.
+
+Trade-off, stated plainly: whoever has sudo in a session can read those keys,
+so a user could impersonate this host's sessions to a user whose traffic they
+can intercept. Host certificates (a CA key gpuresa keeps, one short-lived
+certificate per session, `@cert-authority` in known_hosts) would close that;
+the shared keys are what users' tools handle today.
+
+The FTP sidecars' certificate: `storage.ftp_tls_cert`/`ftp_tls_key` when set,
+else a self-signed one made once into `<state_dir>/tls/`; a copy the
+sidecar's remapped root can read is mounted read-only into sidecars.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import hashlib
+import ipaddress
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+from cryptography.x509.oid import NameOID
+
+from gpuresa.config import Config
+
+log = logging.getLogger(__name__)
+
+KEY_TYPES = ("ed25519", "ecdsa")
+HOST_KEY_FOLDER = "host-keys"
+TLS_FOLDER = "tls"
+SESSION_COPY = "session"
+
+
+def _temporary(folder: Path, data: bytes, uid: int, gid: int) -> Path:
+    """A new file in `folder` holding `data`, owned by uid:gid, mode 0600 (a unique name)."""
+    descriptor, name = tempfile.mkstemp(dir=folder, prefix=".new-")
+    try:
+        os.write(descriptor, data)
+        os.fchown(descriptor, uid, gid)
+    finally:
+        os.close(descriptor)
+    return Path(name)
+
+
+def _write_private(path: Path, data: bytes, uid: int = 0, gid: int = 0) -> None:
+    """Replace `path` with `data` as uid:gid, mode 0600, atomically; never through a link.
+
+    Safe from several threads at once (each writes a file of its own first).
+    """
+    temporary = _temporary(path.parent, data, uid, gid)
+    try:
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def _create_once(path: Path, data: bytes) -> None:
+    """Make `path` (root's, 0600) holding `data` unless it exists: the first maker wins.
+
+    `os.link` fails when the name is taken, so two daemons or threads making the
+    host's keys at once agree on one key instead of overwriting each other's.
+    """
+    temporary = _temporary(path.parent, data, 0, 0)
+    try:
+        os.link(temporary, path)
+    except FileExistsError:
+        pass
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def _private_folder(path: Path, uid: int = 0, gid: int = 0) -> Path:
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if path.is_symlink():
+        raise OSError(f"{path} is a symbolic link")
+    os.chown(path, uid, gid)
+    os.chmod(path, 0o700)
+    return path
+
+
+def _new_key(kind: str) -> bytes:
+    key: ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey
+    key = (
+        ed25519.Ed25519PrivateKey.generate()
+        if kind == "ed25519"
+        else ec.generate_private_key(ec.SECP256R1())
+    )
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.OpenSSH,
+        serialization.NoEncryption(),
+    )
+
+
+@dataclass(frozen=True)
+class HostKey:
+    """One public host key: its type name, its base64 blob, its SHA-256 fingerprint."""
+
+    kind: str
+    blob: str
+
+    @property
+    def fingerprint(self) -> str:
+        digest = hashlib.sha256(base64.b64decode(self.blob)).digest()
+        return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def known_hosts_lines(keys: list[HostKey], name: str, port: int | None = None) -> list[str]:
+    """`known_hosts` lines for `name`: for one port, or (port None) for every port.
+
+    OpenSSH matches "[name]:PORT" entries as patterns, so "[name]:*" covers
+    every session port and the output service with one line per key.
+    """
+    where = f"[{name}]:{port}" if port is not None else f"[{name}]:*"
+    return [f"{where} {key.kind} {key.blob}" for key in keys]
+
+
+class HostCredentials:
+    """The host keys and the FTPS certificate of this host (see the module docstring)."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.key_folder = config.daemon.state_dir / HOST_KEY_FOLDER
+        self.tls_folder = config.daemon.state_dir / TLS_FOLDER
+
+    def key_file(self, kind: str) -> Path:
+        return self.key_folder / f"ssh_host_{kind}_key"
+
+    def ensure_host_keys(self) -> Path:
+        """Make the host keys if missing; returns their folder (root's)."""
+        _private_folder(self.key_folder)
+        for kind in KEY_TYPES:
+            path = self.key_file(kind)
+            if not path.is_file():
+                log.info("making this host's SSH %s host key in %s", kind, path)
+                _create_once(path, _new_key(kind))
+        return self.key_folder
+
+    def public_keys(self) -> list[HostKey]:
+        """The public halves, Ed25519 first."""
+        self.ensure_host_keys()
+        keys = []
+        for kind in KEY_TYPES:
+            private = serialization.load_ssh_private_key(self.key_file(kind).read_bytes(), None)
+            line = private.public_key().public_bytes(
+                serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+            )
+            name, blob = line.decode().split()[:2]
+            keys.append(HostKey(name, blob))
+        return keys
+
+    def session_host_keys(self, uid: int, gid: int, folder: Path | None = None) -> Path:
+        """A copy of the host keys readable by a session's root (host uid:gid); its folder.
+
+        In `folder` when given (a session's own, for an engine that gives each
+        session its own ids), else in one copy per id range.
+        """
+        self.ensure_host_keys()
+        folder = _private_folder(folder or self.key_folder / f"{SESSION_COPY}-{uid}", uid, gid)
+        for kind in KEY_TYPES:
+            _copy_if_changed(self.key_file(kind), folder / self.key_file(kind).name, uid, gid)
+        return folder
+
+    # --- FTPS ---------------------------------------------------------------------------------
+
+    def tls_files(self) -> tuple[Path, Path]:
+        """The certificate and key the FTP sidecars use: the admin's, else made once."""
+        storage = self.config.storage
+        if storage.ftp_tls_cert is not None and storage.ftp_tls_key is not None:
+            return storage.ftp_tls_cert, storage.ftp_tls_key
+        _private_folder(self.tls_folder)
+        certificate = self.tls_folder / "ftp-cert.pem"
+        key = self.tls_folder / "ftp-key.pem"
+        if not certificate.is_file():
+            name = self.config.host().public_name or self.config.daemon.host
+            log.info("making a self-signed FTPS certificate for %s in %s", name, certificate)
+            # one file holds both, made once: a key and a certificate always match
+            pem_key, pem_certificate = self_signed(name)
+            _create_once(self.tls_folder / "ftp.pem", pem_key + pem_certificate)
+            bundle = (self.tls_folder / "ftp.pem").read_bytes()
+            marker = b"-----BEGIN CERTIFICATE-----"
+            _write_private(key, bundle[: bundle.index(marker)])
+            _write_private(certificate, bundle[bundle.index(marker) :])
+            os.chmod(certificate, 0o644)
+        return certificate, key
+
+    def tls_fingerprint(self) -> str:
+        """The SHA-256 fingerprint of the FTPS certificate, as clients show it."""
+        certificate = x509.load_pem_x509_certificate(self.tls_files()[0].read_bytes())
+        digest = certificate.fingerprint(hashes.SHA256()).hex().upper()
+        return ":".join(digest[index : index + 2] for index in range(0, len(digest), 2))
+
+    def sidecar_tls(self, uid: int, gid: int) -> Path:
+        """A copy of the certificate and key readable by a sidecar's root; its folder."""
+        certificate, key = self.tls_files()
+        # one copy per id range: sessions of different ranges (Podman) each read their own
+        folder = _private_folder(self.tls_folder / f"{SESSION_COPY}-{uid}", uid, gid)
+        _copy_if_changed(certificate, folder / "cert.pem", uid, gid)
+        _copy_if_changed(key, folder / "key.pem", uid, gid)
+        return folder
+
+
+def _copy_if_changed(source: Path, target: Path, uid: int, gid: int) -> None:
+    data = source.read_bytes()
+    try:
+        details = target.lstat()
+        if (details.st_uid, details.st_gid) == (uid, gid) and target.read_bytes() == data:
+            return
+    except FileNotFoundError:
+        pass
+    _write_private(target, data, uid, gid)
+
+
+def self_signed(name: str) -> tuple[bytes, bytes]:
+    """A new RSA key and a ten-year self-signed certificate for `name`, both PEM."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    try:
+        alternative: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(name))
+    except ValueError:
+        alternative = x509.DNSName(name)
+    now = dt.datetime.now(dt.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(days=1))
+        .not_valid_after(now + dt.timedelta(days=3650))
+        .add_extension(x509.SubjectAlternativeName([alternative]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    pem_key = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    return pem_key, certificate.public_bytes(serialization.Encoding.PEM)
+
+
+def remove_session_copies(config: Config) -> None:
+    """Forget the copies made for sessions (they are made again on the next start)."""
+    state = config.daemon.state_dir
+    for parent in (state / HOST_KEY_FOLDER, state / TLS_FOLDER):
+        for folder in parent.glob(f"{SESSION_COPY}-*"):
+            shutil.rmtree(folder, ignore_errors=True)

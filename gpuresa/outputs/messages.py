@@ -1,0 +1,156 @@
+"""The words of the outputs: what the start and end e-mails add, and the notices of their own.
+
+Pure functions, in the style of `gpuresa.notify` (which sends them): given the
+config, a session or an output folder and the site's time zone, they return
+text or (subject, body). Reading the host keys (`start_details`) is the only
+file access, through `HostCredentials`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from gpuresa.config import Config
+from gpuresa.model import Session
+from gpuresa.notify import SUBJECT_PREFIX, format_remaining, format_time, one_line
+from gpuresa.outputs.credentials import HostCredentials, known_hosts_lines
+from gpuresa.outputs.disk import DiskState
+from gpuresa.outputs.records import OutputFolder, planned_removal
+
+
+def sftp_command(config: Config, login: str, public_host: str) -> str:
+    """The exact command that lists a login's outputs: `sftp -P PORT login@host`."""
+    return f"sftp -P {config.storage.sftp_port} {login}@{public_host}"
+
+
+def _retention(config: Config) -> str:
+    retention = config.storage.output_retention
+    if retention == "forever":
+        return "kept until an administrator removes them"
+    return f"kept {format_remaining(retention)} after the end of their session"
+
+
+def start_details(config: Config, session: Session, public_host: str) -> str:
+    """Host key fingerprints, `known_hosts` lines, and where outputs can be fetched.
+
+    Raises `OSError` when the host keys cannot be read (the caller sends the
+    notice without them rather than not at all).
+    """
+    credentials = HostCredentials(config)
+    keys = credentials.public_keys()
+    fingerprints = "\n".join(f"  {key.kind:<20} {key.fingerprint}" for key in keys)
+    every_port = "\n".join(f"  {line}" for line in known_hosts_lines(keys, public_host))
+    this_port = "\n".join(
+        f"  {line}" for line in known_hosts_lines(keys, public_host, session.ssh_port)
+    )
+    text = f"""
+This host presents the same SSH host keys in every session (and in its
+output service); check them at your first login:
+
+{fingerprints}
+
+Or add these lines to ~/.ssh/known_hosts (every port of {public_host}):
+
+{every_port}
+
+(only this session's port:
+{this_port})
+
+The FTPS certificate's SHA-256 fingerprint (check it when your FTP client asks):
+
+  {credentials.tls_fingerprint()}
+"""
+    if config.storage.sftp_port:
+        text += f"""
+Your outputs of this host, during and after your sessions, read-only
+({_retention(config)}):
+
+  {sftp_command(config, session.user, public_host)}
+"""
+    return text
+
+
+def end_details(config: Config, session: Session, public_host: str, ended: datetime) -> str:
+    """How to download the output after the end, and when it will be removed."""
+    if not config.storage.sftp_port:
+        return ""
+    removal = planned_removal(ended, config.storage)
+    timezone = config.reservations.timezone
+    when = (
+        f"It will be removed on {format_time(removal, timezone)}; you will be\n"
+        f"reminded {format_remaining(config.storage.output_removal_notice)} before."
+        if removal is not None
+        else "It is kept until an administrator removes it."
+    )
+    return f"""
+Download it (with your SSH key, no password) with:
+
+  {sftp_command(config, session.user, public_host)}
+
+then `cd {session.output_dir.name}` and `get -r .`. {when}
+"""
+
+
+def removal_notice_message(
+    folder: OutputFolder, config: Config, public_host: str, removal: datetime
+) -> tuple[str, str]:
+    """The notice sent before an output folder is removed at the end of its retention."""
+    timezone = config.reservations.timezone
+    how = "Copy what you need before then (ask the administrators how).\n"
+    if config.storage.sftp_port:
+        how = f"""Download what you need before then:
+
+  {sftp_command(config, folder.user, public_host)}
+
+then `get -r {folder.path.name}`.
+"""
+    subject = (
+        f"{SUBJECT_PREFIX} Your output {folder.path.name} on {config.daemon.host} will be removed"
+    )
+    body = f"""\
+Hello {folder.user},
+
+the output of your GPU session on {config.daemon.host} in
+
+  {folder.path.name}
+
+will be removed on {format_time(removal, timezone)}.
+{how}
+Reservation: {one_line(folder.key) or "unknown"}
+"""
+    return subject, body
+
+
+def disk_warning_message(session: Session, state: DiskState, host: str) -> tuple[str, str]:
+    """The notice to a running session's user when the output disk runs low."""
+    subject = f"{SUBJECT_PREFIX} The output disk of {host} is nearly full"
+    body = f"""\
+Hello {session.user},
+
+the disk that holds session outputs on {host} is nearly full:
+
+  {state.summary}
+
+Your session goes on, but writing to the output folder may soon fail. Please
+download what you no longer need on {host} and delete it there.
+
+Reservation: {one_line(session.key)}
+"""
+    return subject, body
+
+
+def disk_admin_message(state: DiskState, host: str) -> tuple[str, str]:
+    """The notice to the admin when the output disk crosses a threshold (subject unprefixed)."""
+    what = "refuses new sessions" if state.level == "refuse" else "is nearly full"
+    # no "[gpuresa]" prefix: the daemon's admin notices add it
+    subject = f"The output disk of {host} {what}"
+    body = f"""\
+The output disk of {host}: {state.summary}
+(storage.free_warn and storage.free_refuse set the thresholds).
+
+{state.refusal or "New sessions still start; their users and running sessions' users are told."}
+
+`gpuresa outputs list` shows what takes the space; `gpuresa outputs prune
+--dry-run` what the retention would remove now.
+"""
+    return subject, body
