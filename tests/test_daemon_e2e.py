@@ -417,7 +417,10 @@ def test_a_booking_on_podman_runs_in_its_own_user_namespace_and_survives_a_kill(
     time.sleep(3)
     (session,) = [session for session in stack.sessions() if session.key == "podman-1"]
     assert session.ssh_port == port and session.id_range is not None
-    assert len(podman_harness.ours()) == 2
+    assert len(podman_harness.sessions()) == 2
+    # written from inside, owned by the login's id in this session's own range
+    (written,) = stack.output_root.rglob("result.txt")
+    assert written.stat().st_uid == session.id_range.uid + uid
     from gpuresa.cli import main
 
     assert main(["status", "--config", str(stack.config_file), "--json"]) == 0
@@ -429,8 +432,8 @@ def test_a_booking_on_podman_runs_in_its_own_user_namespace_and_survives_a_kill(
         lambda: None if stack.session("podman-1") else datetime.now(UTC),
         (end - datetime.now(UTC) + grace).total_seconds() + 15,
     )
-    assert podman_harness.ours() == []
+    assert podman_harness.sessions() == []
     (result,) = stack.output_root.rglob("result.txt")
     assert result.read_text() == "result\n"
-    # written from inside, owned by the login's id in this session's own range
-    assert result.stat().st_uid == session.id_range.uid + uid
+    # after the end it is the login's (the output service serves it), not the range's
+    assert result.stat().st_uid != session.id_range.uid + uid
