@@ -115,6 +115,18 @@ class Stack:
         return client
 
 
+def download(stack: Stack, path: str) -> bytes:
+    """A file of alice's outputs, over SFTP from the host's output service, with her key."""
+    with paramiko.SSHClient() as sftp_client:
+        sftp_client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+        sftp_client.connect(
+            "127.0.0.1", stack.config.storage.sftp_port, username="alice",
+            key_filename=str(stack.key_file), look_for_keys=False, allow_agent=False, timeout=10,
+        )  # fmt: skip
+        with sftp_client.open_sftp().open(path) as stream:
+            return bytes(stream.read())
+
+
 def run(client: paramiko.SSHClient, command: str) -> tuple[int, str]:
     _, stdout, stderr = client.exec_command(command, timeout=20)
     output = stdout.read().decode() + stderr.read().decode()
@@ -339,14 +351,7 @@ def test_booking_lifecycle_with_extension_kill_and_calendar_outage(
     ended = mail_matching(stack.smtp, "ended")
     port = stack.config.storage.sftp_port
     assert f"sftp -P {port} alice@" in ended.get_content() and "removed on" in ended.get_content()
-    with paramiko.SSHClient() as sftp_client:
-        sftp_client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
-        sftp_client.connect(
-            "127.0.0.1", port, username="alice", key_filename=str(stack.key_file),
-            look_for_keys=False, allow_agent=False, timeout=10,
-        )  # fmt: skip
-        with sftp_client.open_sftp().open(f"{outputs[0].parent.name}/result.txt") as stream:
-            assert stream.read() == b"result\n"
+    assert download(stack, f"{outputs[0].parent.name}/result.txt") == b"result\n"
     # the start notice gives the host keys every session of the host presents
     started = mail_matching(stack.smtp, "ready")
     assert "SHA256:" in started.get_content() and "]:* ssh-ed25519 " in started.get_content()
@@ -435,5 +440,8 @@ def test_a_booking_on_podman_runs_in_its_own_user_namespace_and_survives_a_kill(
     assert podman_harness.sessions() == []
     (result,) = stack.output_root.rglob("result.txt")
     assert result.read_text() == "result\n"
-    # after the end it is the login's (the output service serves it), not the range's
+    # after the end (told once the hand-over is done) it is the login's, not the
+    # range's: the output service serves it
+    mail_matching(stack.smtp, "ended")
     assert result.stat().st_uid != session.id_range.uid + uid
+    assert download(stack, f"{result.parent.name}/result.txt") == b"result\n"

@@ -228,6 +228,7 @@ class OutputService:
             PORT_LABEL: str(self.config.storage.sftp_port),
         }
         payload = service_payload(self.config, image, self.accounts, host_keys, labels)
+        payload["HostConfig"].update(self.runtime.kind.service_settings(self.config.limits))
         digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
         payload["Labels"][PAYLOAD_LABEL] = digest
         name = service_name(self.config.daemon.host)

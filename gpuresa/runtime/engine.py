@@ -365,6 +365,11 @@ class Engine:
             )
         except NotFound:
             return None
+        except EngineRefused as error:
+            # Podman answers 500, not 404, for a container removed since it was listed
+            if "no such container" in str(error).lower():
+                return None
+            raise
         return result
 
     def create_container(self, name: str, payload: Mapping[str, Any], key: str) -> str:

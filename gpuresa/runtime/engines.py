@@ -102,6 +102,10 @@ class EngineKind:
         """What the main container's HostConfig adds (before its range is known)."""
         return {}
 
+    def service_settings(self, limits: LimitsConfig) -> dict[str, Any]:
+        """What the host's output service's HostConfig adds."""
+        return {}
+
     def sidecar_settings(self, ids: IdRange | None, limits: LimitsConfig) -> dict[str, Any]:
         """What the FTP sidecar's HostConfig adds, given the session's range."""
         return {}
@@ -211,6 +215,10 @@ class Podman(EngineKind):
         count = SESSION_ID_COUNT
         mode = f"auto:size={count},uidmapping=0:{ids.uid}:{count},gidmapping=0:{ids.gid}:{count}"
         return {"UsernsMode": mode, "Ulimits": _ulimits(limits)}
+
+    def service_settings(self, limits: LimitsConfig) -> dict[str, Any]:
+        # Podman's own default limits are more than its runtime may set (see `_ulimits`)
+        return {"Ulimits": _ulimits(limits)}
 
     def created(
         self, engine: Engine, container: str, gpus: Sequence[int], key: str

@@ -10,6 +10,9 @@ done
 # folders owned by root, so / and /etc become root's (in this container's own
 # writable layer: nothing on the host changes).
 chown 0:0 / /etc
+# the accounts are gpuresa's, from the folder it mounts (see install.sh)
+ln -sf /etc/gpuresa-outputs/passwd /etc/passwd
+ln -sf /etc/gpuresa-outputs/group /etc/group
 # /run is a tmpfs: sshd's privilege separation folder is made on each start
 mkdir -p /run/sshd
 chmod 0755 /run/sshd
