@@ -33,11 +33,13 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
 from gpuresa.errors import UserError
+from gpuresa.journal_outbox import OutboxTable
+from gpuresa.journal_times import from_text, optional_text, optional_time, to_text
 from gpuresa.model import Rejection, Reservation
 
 # The reservation lifecycle: booked → preparing → running → warned → stopping
@@ -202,28 +204,6 @@ class JournalTooNew(UserError):
 
 
 @dataclass(frozen=True)
-class OutboxMessage:
-    """One e-mail of the outbox, as stored: what to send and how sending went so far.
-
-    `kind` is the deduplication key per reservation key (None: never
-    deduplicated). `sent_at` is None until the relay accepted it.
-    """
-
-    id: int
-    key: str
-    kind: str | None
-    address: str
-    subject: str
-    body: str
-    copy_admin: bool
-    queued_at: datetime
-    attempts: int
-    last_error: str | None
-    next_try: datetime
-    sent_at: datetime | None
-
-
-@dataclass(frozen=True)
 class HistoryEntry:
     """One line of a reservation's history: a change of state or an action.
 
@@ -270,22 +250,6 @@ def rejection_notice_kind(reason: str) -> str:
     return "rejected:" + hashlib.sha256(reason.encode("utf-8")).hexdigest()[:16]
 
 
-def to_text(instant: datetime) -> str:
-    """`instant` as fixed-width ISO 8601 in UTC; raises ValueError for a naive datetime."""
-    if instant.tzinfo is None or instant.utcoffset() is None:
-        raise ValueError(f"naive datetime {instant.isoformat()} (the journal stores aware UTC)")
-    return instant.astimezone(UTC).isoformat(timespec="microseconds")
-
-
-def from_text(text: str) -> datetime:
-    """A stored instant back as an aware UTC datetime."""
-    instant = datetime.fromisoformat(text)
-    if instant.tzinfo is None:
-        # written by hand or by an older tool: the journal only holds UTC
-        return instant.replace(tzinfo=UTC)
-    return instant.astimezone(UTC)
-
-
 def _damaged(error: BaseException) -> bool:
     """Whether an SQLite error says the file's content is bad (not that it is busy,
     full, read-only or missing): not a database, corrupt, or a schema that
@@ -315,15 +279,7 @@ def _private_file(path: Path) -> None:
         _tighten(Path(f"{path}{companion}"), FILE_MODE)
 
 
-def _optional_text(instant: datetime | None) -> str | None:
-    return None if instant is None else to_text(instant)
-
-
-def _optional_time(text: str | None) -> datetime | None:
-    return None if text is None else from_text(text)
-
-
-class Journal:
+class Journal(OutboxTable):
     """The state journal in one SQLite file, safe to share between threads.
 
     Given the file's path; creates its folder and brings its schema up to date.
@@ -533,8 +489,8 @@ class Journal:
                         to_text(reservation.end),
                         reservation.email,
                         reservation.summary,
-                        _optional_text(reservation.created),
-                        _optional_text(reservation.stamp),
+                        optional_text(reservation.created),
+                        optional_text(reservation.stamp),
                         int(reservation.tentative),
                         # a booking rejected before keeps the time gpuresa first saw it
                         _first_seen(connection, reservation.key, seen),
@@ -570,8 +526,8 @@ class Journal:
                         rejection.reason,
                         rejection.user,
                         rejection.email,
-                        _optional_text(rejection.start),
-                        _optional_text(rejection.end),
+                        optional_text(rejection.start),
+                        optional_text(rejection.end),
                         _first_seen(connection, rejection.key, seen),
                         seen,
                         seen,
@@ -614,8 +570,8 @@ class Journal:
                     reason=row["reason"],
                     user=row["user"],
                     email=row["email"],
-                    start=_optional_time(row["start_at"]),
-                    end=_optional_time(row["end_at"]),
+                    start=optional_time(row["start_at"]),
+                    end=optional_time(row["end_at"]),
                 ),
                 first_seen=from_text(row["first_seen"]),
                 last_seen=from_text(row["last_seen"]),
@@ -790,7 +746,7 @@ class Journal:
                     last_error = excluded.last_error,
                     checked_at = excluded.checked_at
                 """,
-                (name, _optional_text(last_success), last_error, to_text(now)),
+                (name, optional_text(last_success), last_error, to_text(now)),
             )
 
     def calendars(self) -> dict[str, CalendarStatus]:
@@ -798,7 +754,7 @@ class Journal:
         return {
             row["name"]: CalendarStatus(
                 name=row["name"],
-                last_success=_optional_time(row["last_success"]),
+                last_success=optional_time(row["last_success"]),
                 last_error=row["last_error"],
                 checked_at=from_text(row["checked_at"]),
             )
@@ -835,109 +791,6 @@ class Journal:
         with self._transaction() as connection:
             connection.execute("DELETE FROM meta WHERE name = ?", (name,))
 
-    # --- the outbox (see gpuresa.outbox) ------------------------------------------------
-
-    def outbox_add(
-        self,
-        key: str,
-        kind: str | None,
-        address: str,
-        subject: str,
-        body: str,
-        copy_admin: bool,
-        now: datetime,
-    ) -> bool:
-        """Queue one e-mail, to be tried at once; False (nothing queued) when the notice
-        (`key`, `kind`) was queued or sent before. A None `kind` is always queued."""
-        with self._transaction() as connection:
-            if kind is not None:
-                # sent before the outbox existed, or claimed through `mark_notified`
-                claimed = connection.execute(
-                    "SELECT 1 FROM notifications WHERE key = ? AND kind = ?", (key, kind)
-                ).fetchone()
-                if claimed is not None:
-                    return False
-            at = to_text(now)
-            cursor = connection.execute(
-                """
-                INSERT OR IGNORE INTO outbox (key, kind, address, subject, body, copy_admin,
-                    queued_at, next_try)
-                VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-                """,
-                (key, kind, address, subject, body, int(copy_admin), at, at),
-            )
-            return cursor.rowcount == 1
-
-    def outbox_unsent(self, due_by: datetime | None = None) -> list[OutboxMessage]:
-        """The e-mails not sent (nor dropped) yet, oldest first; with `due_by`, only
-        those whose next try is at or before it, soonest first."""
-        sql = "SELECT * FROM outbox WHERE sent_at IS NULL AND dropped_at IS NULL"
-        if due_by is None:
-            rows = self._query(sql + " ORDER BY queued_at, id")
-        else:
-            rows = self._query(sql + " AND next_try <= ? ORDER BY next_try, id", (to_text(due_by),))
-        return [_outbox_message(row) for row in rows]
-
-    def outbox_backlog(self) -> tuple[int, datetime | None]:
-        """How many e-mails wait to be sent, and the soonest next try among them."""
-        rows = self._query(
-            "SELECT count(*) AS waiting, MIN(next_try) AS soonest FROM outbox "
-            "WHERE sent_at IS NULL AND dropped_at IS NULL"
-        )
-        return int(rows[0]["waiting"]), _optional_time(rows[0]["soonest"])
-
-    def outbox_sent(self, message_id: int, now: datetime) -> None:
-        """Record that the relay accepted message `message_id` (and claim its notice)."""
-        with self._transaction() as connection:
-            cursor = connection.execute(
-                "UPDATE outbox SET sent_at = ?, attempts = attempts + 1, last_error = NULL "
-                "WHERE id = ? AND sent_at IS NULL",
-                (to_text(now), message_id),
-            )
-            if cursor.rowcount == 1:
-                # only while the row exists: `unmark_notified` may have withdrawn it meanwhile
-                connection.execute(
-                    "INSERT OR IGNORE INTO notifications (key, kind, at) "
-                    "SELECT key, kind, ? FROM outbox WHERE id = ? AND kind IS NOT NULL",
-                    (to_text(now), message_id),
-                )
-
-    def outbox_failed(self, message_id: int, error: str, next_try: datetime) -> None:
-        """Record a failed attempt at message `message_id`, tried again at `next_try`."""
-        with self._transaction() as connection:
-            connection.execute(
-                "UPDATE outbox SET attempts = attempts + 1, last_error = ?, next_try = ? "
-                "WHERE id = ? AND sent_at IS NULL",
-                (error, to_text(next_try), message_id),
-            )
-
-    def outbox_drop(self, message_id: int, now: datetime, reason: str) -> None:
-        """Give up on message `message_id`; the history of its key shows why."""
-        with self._transaction() as connection:
-            row = connection.execute(
-                "SELECT key, subject FROM outbox WHERE id = ? AND sent_at IS NULL", (message_id,)
-            ).fetchone()
-            if row is None:
-                return
-            connection.execute(
-                "UPDATE outbox SET dropped_at = ?, last_error = ? WHERE id = ?",
-                (to_text(now), reason, message_id),
-            )
-            connection.execute(
-                "INSERT INTO events (key, at, kind, name, result, detail) "
-                "VALUES (?, ?, 'action', ?, 'failed', ?)",
-                (row[0], to_text(now), f"mail {row[1]!r} dropped", reason),
-            )
-
-    def was_notified(self, key: str, kind: str) -> bool:
-        """Whether the notice (`key`, `kind`) was sent (or claimed with `mark_notified`)."""
-        rows = self._query(
-            "SELECT 1 FROM notifications WHERE key = ? AND kind = ? "
-            "UNION ALL SELECT 1 FROM outbox WHERE key = ? AND kind = ? AND sent_at IS NOT NULL",
-            (key, kind, key, kind),
-        )
-        return bool(rows)
-
     # --- retention ------------------------------------------------------------------------
 
     def trim(self, now: datetime, retention: timedelta) -> int:
@@ -970,23 +823,6 @@ class Journal:
         return deleted
 
 
-def _outbox_message(row: sqlite3.Row) -> OutboxMessage:
-    return OutboxMessage(
-        id=int(row["id"]),
-        key=row["key"],
-        kind=row["kind"],
-        address=row["address"],
-        subject=row["subject"],
-        body=row["body"],
-        copy_admin=bool(row["copy_admin"]),
-        queued_at=from_text(row["queued_at"]),
-        attempts=int(row["attempts"]),
-        last_error=row["last_error"],
-        next_try=from_text(row["next_try"]),
-        sent_at=_optional_time(row["sent_at"]),
-    )
-
-
 def _first_seen(connection: sqlite3.Connection, key: str, now: str) -> str:
     """The earliest first sight of `key` in either table, or `now` when it is new."""
     row = connection.execute(
@@ -1016,7 +852,7 @@ def _reservation(row: sqlite3.Row) -> Reservation:
         end=from_text(row["end_at"]),
         email=row["email"],
         summary=row["summary"],
-        created=_optional_time(row["created"]),
-        stamp=_optional_time(row["stamp"]),
+        created=optional_time(row["created"]),
+        stamp=optional_time(row["stamp"]),
         tentative=bool(row["tentative"]),
     )

@@ -27,7 +27,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from gpuresa.journal import Journal, OutboxMessage
+from gpuresa.journal import Journal
+from gpuresa.journal_outbox import OutboxMessage
 from gpuresa.notify import Notifier, NotifyError, one_line, valid_address
 from gpuresa.schema import format_duration
 

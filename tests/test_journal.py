@@ -18,13 +18,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuresa.errors import UserError
-from gpuresa.journal import (
-    SCHEMA_VERSION,
-    Journal,
-    from_text,
-    rejection_notice_kind,
-    to_text,
-)
+from gpuresa.journal import SCHEMA_VERSION, Journal, rejection_notice_kind
+from gpuresa.journal_times import from_text, to_text
 from gpuresa.model import Rejection, Reservation
 
 NOW = datetime(2024, 5, 3, 12, 0, tzinfo=UTC)
