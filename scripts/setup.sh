@@ -126,7 +126,7 @@ else
         say "starting dockerd (log: $DOCKERD_LOG)"
         pkill -x dockerd 2>/dev/null && sleep 2 || true
         rm -f /var/run/docker.pid
-        nohup dockerd >"$DOCKERD_LOG" 2>&1 &
+        nohup env -C / dockerd >"$DOCKERD_LOG" 2>&1 &
     fi
     for _ in $(seq 60); do
         docker_answers && break
@@ -199,8 +199,10 @@ else
         fi
         say "starting the Podman API service ${options[*]} (log: $PODMAN_LOG)"
         mkdir -p "$(dirname "$PODMAN_SOCKET")"
-        nohup podman "${options[@]}" system service --time=0 "unix://$PODMAN_SOCKET" \
-            >"$PODMAN_LOG" 2>&1 &
+        # from /: a service keeps its working directory, and conmon fails in every
+        # container once that folder is gone (a CI checkout removed after its run)
+        nohup env -C / podman "${options[@]}" system service --time=0 \
+            "unix://$PODMAN_SOCKET" >"$PODMAN_LOG" 2>&1 &
     fi
     for _ in $(seq 60); do
         podman_answers && break
