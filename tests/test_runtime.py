@@ -642,6 +642,10 @@ def test_a_sidecar_that_cannot_start_rolls_the_session_back(site: Site) -> None:
     assert str(spec.ftp_passive_last) in str(caught.value)
     assert leftovers(site, spec.key) == []
     for port in (spec.ssh_port, spec.ftp_port):
+        # Podman's network teardown ends a moment after the removal has returned
+        deadline = time.monotonic() + 5
+        while not port_free(port) and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert port_free(port)
     # the output folder is kept for a later try
     assert list((site.root / "output" / "alice").iterdir())
