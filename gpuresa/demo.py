@@ -112,6 +112,8 @@ def write_demo(root: Path, now: datetime, start_in: timedelta, length: timedelta
     ssh_first = free_port_block(10, 42200)
     ftp_first = free_port_block(10, ssh_first + 10)
     passive_first = free_port_block(40, ftp_first + 10)
+    # the output service's own port, next to the sessions' (2222 may be taken)
+    sftp_port = free_port_block(1, passive_first + 40)
     files.config.write_text(
         f"""# Written by `gpuresa demo`; every key is explained in config.example.toml.
 [daemon]
@@ -154,6 +156,7 @@ host_authorized_keys = false
 
 [storage]
 output_root = "{files.output}"
+sftp_port = {sftp_port}
 
 [[storage.inputs]]
 source = "{files.inputs}"
@@ -210,9 +213,11 @@ def run_demo(root: Path, start_in: timedelta, length: timedelta) -> None:
             f"  Session {session.key} is up until {session.end:%H:%M:%S} UTC.\n"
             f"  SSH:  ssh -i {files.private_key} -p {session.ssh_port} "
             f"{session.user}@{public_host}\n"
-            f"  FTP:  ftp -p {public_host} {session.ftp_port}  "
-            f"(login {session.ftp_user}, password {session.ftp_password})\n"
-            f"  Output is kept in {session.output_dir}\n",
+            f"  FTPS: lftp -u {session.ftp_user} -p {session.ftp_port} {public_host}  "
+            f"(explicit TLS; password {session.ftp_password})\n"
+            f"  Output is kept in {session.output_dir}; after the end:\n"
+            f"        sftp -i {files.private_key} -P {config.storage.sftp_port} "
+            f"{session.user}@{public_host}\n",
             flush=True,
         )
 
