@@ -47,8 +47,8 @@ from daemon_stage import (
 from daemon_stage import write_config as write_stage_config
 from test_daemon_cli import ics_event
 
-from gpuresa.config import Config, load_config
-from gpuresa.demo import free_port_block
+from gpuresa.commands.demo import free_port_block
+from gpuresa.config.sections import Config, load_config
 from gpuresa.runtime import Runtime
 
 HOST = f"bench-{os.getpid()}"

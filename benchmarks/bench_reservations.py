@@ -38,11 +38,11 @@ from zoneinfo import ZoneInfo
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpuresa import events
-from gpuresa.catalog import template_variants
-from gpuresa.config import Config, parse_config
-from gpuresa.reservations import read_reservations
-from gpuresa.sources.caldav_source import CalDAVSource
+from gpuresa.config.sections import Config, parse_config
+from gpuresa.ical import events
+from gpuresa.reservations.catalog import template_variants
+from gpuresa.reservations.rules import read_reservations
+from gpuresa.reservations.sources.caldav import CalDAVSource
 
 EVENTS = 10_000
 HOSTS = 10
@@ -169,7 +169,7 @@ def reading_table() -> None:
 
     def parse_every_object() -> None:
         # the reader's raw throughput: every object, none passed over (the cyclic GC paused,
-        # as gpuresa.reservations does while reading)
+        # as gpuresa.reservations.rules does while reading)
         gc.disable()
         try:
             for objects in calendars.values():

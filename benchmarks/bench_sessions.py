@@ -38,7 +38,7 @@ import docker
 import docker.errors
 import paramiko
 
-from gpuresa.config import Config, parse_config
+from gpuresa.config.sections import Config, parse_config
 from gpuresa.model import SessionSpec
 from gpuresa.runtime import Runtime
 from gpuresa.runtime.engines import PODMAN_SOCKET

@@ -43,7 +43,7 @@ def rss_mib() -> float:
 
 
 def child(mode: str) -> dict[str, float]:
-    import gpuresa.config
+    import gpuresa.config.sections
     import gpuresa.model
     import gpuresa.runtime  # noqa: F401  (what the daemon holds anyway)
 

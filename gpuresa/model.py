@@ -37,7 +37,7 @@ class Reservation:
     created: datetime | None = None
     stamp: datetime | None = None
     tentative: bool = False
-    # the event has no UID: `uid` is derived from its content (gpuresa.calendar_text)
+    # the event has no UID: `uid` is derived from its content (gpuresa.ical.text)
     uid_derived: bool = False
 
 
@@ -53,7 +53,7 @@ class Rejection:
     email: str | None = None
     start: datetime | None = None
     end: datetime | None = None
-    # the event has no UID: `uid` is derived from its content (gpuresa.calendar_text)
+    # the event has no UID: `uid` is derived from its content (gpuresa.ical.text)
     uid_derived: bool = False
 
 

@@ -19,8 +19,8 @@ import paramiko
 from conftest import BASE_IMAGE, TEST_HOST
 from test_daemon_cli import ics_event
 
-from gpuresa.config import Config, load_config
-from gpuresa.demo import free_port_block
+from gpuresa.commands.demo import free_port_block
+from gpuresa.config.sections import Config, load_config
 from gpuresa.runtime import Runtime
 
 # Programs a hostile user replaces in their session with ones that never return.

@@ -31,10 +31,10 @@ from gpuresa.bench.workloads import (
 )
 from gpuresa.cli import build_parser
 from gpuresa.commands.bench_commands import choose_gpus, choose_workload
-from gpuresa.config import Config, parse_config
+from gpuresa.config.sections import Config, parse_config
 from gpuresa.errors import UserError
 from gpuresa.model import Reservation, Session
-from gpuresa.plan import Inventory
+from gpuresa.planning.planner import Inventory
 from gpuresa.runtime.oneshot import BENCH_LABEL, oneshot_payload
 from gpuresa.runtime.payload import HOST_LABEL, KEY_LABEL, gpu_access
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuresa import config as config_module
 from gpuresa.cli import main
-from gpuresa.config import Config, load_config, parse_config, read_secret
+from gpuresa.config import sections as config_module
+from gpuresa.config.schema import Invalid, PortRange, format_duration, parse_duration
+from gpuresa.config.sections import Config, load_config, parse_config, read_secret
 from gpuresa.errors import ConfigError, UserError
-from gpuresa.schema import Invalid, PortRange, format_duration, parse_duration
 
 ROOT = Path(__file__).parents[1]
 EXAMPLE = ROOT / "config.example.toml"

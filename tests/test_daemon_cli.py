@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from conftest import BASE_IMAGE, TEST_HOST, DockerHarness
 
-from gpuresa.config import load_config
-from gpuresa.demo import free_port_block
+from gpuresa.commands.demo import free_port_block
+from gpuresa.config.sections import load_config
 from gpuresa.runtime import Runtime
 
 

@@ -29,9 +29,9 @@ from conftest import (
     SMTPServer,
 )
 
-from gpuresa.config import Config, load_config
-from gpuresa.demo import free_port_block
-from gpuresa.journal import Journal
+from gpuresa.commands.demo import free_port_block
+from gpuresa.config.sections import Config, load_config
+from gpuresa.journal.store import Journal
 from gpuresa.model import Session
 from gpuresa.outputs.service import OutputService
 from gpuresa.runtime import Runtime

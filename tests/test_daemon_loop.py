@@ -19,10 +19,10 @@ from test_plan import CONFIG, T0, booking, running
 from gpuresa.daemon.loop import Loop
 from gpuresa.daemon.state import Context
 from gpuresa.daemon.work import Done, Started
-from gpuresa.journal_guard import open_journal
-from gpuresa.notify import Notifier
-from gpuresa.outbox import Outbox
-from gpuresa.plan import Prepare, Recreate, Start
+from gpuresa.journal.guard import open_journal
+from gpuresa.mail.notices import Notifier
+from gpuresa.mail.outbox import Outbox
+from gpuresa.planning.planner import Prepare, Recreate, Start
 
 
 class RecordingWork:

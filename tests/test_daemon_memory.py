@@ -8,7 +8,7 @@ from pathlib import Path
 from test_plan import CONFIG, T0, booking, running
 
 from gpuresa.daemon.memory import Remembered
-from gpuresa.journal_guard import open_journal
+from gpuresa.journal.guard import open_journal
 
 
 def test_a_warning_shown_is_not_shown_again_after_a_restart(tmp_path: Path) -> None:

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from conftest import SMTPServer
 
-from gpuresa.config import parse_config
+from gpuresa.config.sections import parse_config
 from gpuresa.daemon.state import Context
-from gpuresa.journal_guard import open_journal
+from gpuresa.journal.guard import open_journal
+from gpuresa.mail.notices import Notifier
+from gpuresa.mail.outbox import Outbox
 from gpuresa.model import Rejection
-from gpuresa.notify import Notifier
-from gpuresa.outbox import Outbox
 
 
 @pytest.mark.parametrize(("this_host", "mails"), [("gpu1", 1), ("gpu2", 0)])

@@ -19,12 +19,12 @@ import pytest
 from conftest import DockerHarness, SMTPServer, free_port
 from test_daemon_cli import ics_event, write_ics_config
 
-from gpuresa.catalog import SHIPPED_TEMPLATES
-from gpuresa.config import load_config
+from gpuresa.config.sections import load_config
 from gpuresa.daemon import Daemon, session_record
 from gpuresa.errors import UserError
-from gpuresa.journal import Journal
-from gpuresa.notify import Notifier
+from gpuresa.journal.store import Journal
+from gpuresa.mail.notices import Notifier
+from gpuresa.reservations.catalog import SHIPPED_TEMPLATES
 from gpuresa.runtime import Runtime
 
 

@@ -26,13 +26,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_daemon_cli import ics_event, write_ics_config
 from test_daemon_outages import wait_until_running
 
-from gpuresa.config import load_config
+from gpuresa.config.sections import load_config
 from gpuresa.daemon import Daemon
 from gpuresa.daemon.observing import held_back, planning_inventory
 from gpuresa.gpus.telemetry import Telemetry
 from gpuresa.gpus.tracker import HostInspector
 from gpuresa.model import SessionSpec
-from gpuresa.plan import Recreate, Start, Stop
+from gpuresa.planning.planner import Recreate, Start, Stop
 from gpuresa.runtime import Runtime
 
 BUSY_PERCENT = 98  # what the recorded busy H100 said (nvml-busy.json)

@@ -301,9 +301,9 @@ def test_history_shows_the_average_gpu_use_of_ended_sessions(tmp_path: Path) -> 
     """`gpuresa history` reads the sampler's store next to the journal."""
     import sys
 
-    from gpuresa.config import load_config
+    from gpuresa.config.sections import load_config
     from gpuresa.daemon import journal_path
-    from gpuresa.journal import Journal
+    from gpuresa.journal.store import Journal
 
     config_file = tmp_path / "config.toml"
     config_file.write_text(f'[daemon]\nstate_dir = "{tmp_path / "state"}"\n')

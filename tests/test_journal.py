@@ -18,8 +18,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuresa.errors import UserError
-from gpuresa.journal import SCHEMA_VERSION, Journal, rejection_notice_kind
-from gpuresa.journal_times import from_text, to_text
+from gpuresa.journal.store import SCHEMA_VERSION, Journal, rejection_notice_kind
+from gpuresa.journal.times import from_text, to_text
 from gpuresa.model import Rejection, Reservation
 
 NOW = datetime(2024, 5, 3, 12, 0, tzinfo=UTC)
@@ -339,7 +339,7 @@ def test_another_process_reads_what_the_daemon_committed(journal: Journal) -> No
     script = (
         "import json, sys\n"
         "from pathlib import Path\n"
-        "from gpuresa.journal import Journal\n"
+        "from gpuresa.journal.store import Journal\n"
         "with Journal(Path(sys.argv[1]), read_only=True) as journal:\n"
         "    print(json.dumps({'states': journal.states(),\n"
         "        'calendar': journal.calendars()['gpu1'].last_success.isoformat(),\n"

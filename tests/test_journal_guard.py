@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from gpuresa.config import NotifyConfig, UsersConfig
+from gpuresa.config.sections import NotifyConfig, UsersConfig
 from gpuresa.errors import UserError
-from gpuresa.journal import SCHEMA_VERSION, Journal, JournalTooNew
-from gpuresa.journal_guard import GuardedJournal, damaged_name, open_journal
+from gpuresa.journal.guard import GuardedJournal, damaged_name, open_journal
+from gpuresa.journal.store import SCHEMA_VERSION, Journal, JournalTooNew
+from gpuresa.mail.notices import Notifier
+from gpuresa.mail.outbox import Outbox
 from gpuresa.model import Rejection, Reservation
-from gpuresa.notify import Notifier
-from gpuresa.outbox import Outbox
 
 NOW = datetime(2024, 5, 3, 12, 0, tzinfo=UTC)
 

@@ -16,9 +16,8 @@ from typing import Any
 import pytest
 from conftest import SMTPServer, _CollectingHandler, free_port
 
-from gpuresa.config import NotifyConfig, UsersConfig
-from gpuresa.model import Rejection, Session
-from gpuresa.notify import (
+from gpuresa.config.sections import NotifyConfig, UsersConfig
+from gpuresa.mail.notices import (
     SUBJECT_LIMIT,
     Notifier,
     NotifyError,
@@ -35,6 +34,7 @@ from gpuresa.notify import (
     wall_text,
     warning_message,
 )
+from gpuresa.model import Rejection, Session
 
 PARIS = "Europe/Paris"
 # 16:00 UTC on a summer Friday: 18:00 CEST in Paris

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from conftest import SMTPServer, free_port
 
-from gpuresa.config import NotifyConfig, UsersConfig
-from gpuresa.journal import Journal
-from gpuresa.notify import Notifier
-from gpuresa.outbox import RETRY_DELAYS, Outbox, retry_delay
+from gpuresa.config.sections import NotifyConfig, UsersConfig
+from gpuresa.journal.store import Journal
+from gpuresa.mail.notices import Notifier
+from gpuresa.mail.outbox import RETRY_DELAYS, Outbox, retry_delay
 
 START = datetime(2024, 5, 3, 12, 0, tzinfo=UTC)
 

@@ -27,12 +27,12 @@ from test_runtime import make_site, run, ssh_login
 from gpuresa.access import Account
 from gpuresa.cli import main
 from gpuresa.commands.daemon_commands import status_report
-from gpuresa.config import StorageConfig, parse_config
+from gpuresa.config.sections import StorageConfig, parse_config
 from gpuresa.daemon import journal_path
 from gpuresa.errors import ConfigError
-from gpuresa.journal import Journal
+from gpuresa.journal.store import Journal
+from gpuresa.mail.notices import end_message, start_message
 from gpuresa.model import Session, SessionSpec
-from gpuresa.notify import end_message, start_message
 from gpuresa.outputs.container import accounts_text
 from gpuresa.outputs.credentials import HostCredentials, HostKey, known_hosts_lines
 from gpuresa.outputs.disk import (

@@ -31,9 +31,9 @@ import pytest
 from conftest import DockerHarness
 from test_runtime import Site, free_block, host_login, make_site, run, ssh_login
 
-from gpuresa.config import Config
+from gpuresa.config.sections import Config
+from gpuresa.mail.notices import start_message
 from gpuresa.model import Session
-from gpuresa.notify import start_message
 from gpuresa.outputs.credentials import HostCredentials, known_hosts_lines
 from gpuresa.outputs.messages import start_details
 from gpuresa.outputs.owners import output_owner

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuresa.config import Config, parse_config
+from gpuresa.config.sections import Config, parse_config
 from gpuresa.model import Reservation, Session, SessionSpec
-from gpuresa.plan import (
+from gpuresa.planning.planner import (
     Action,
     Extend,
     Fail,

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from test_plan import CONFIG, INVENTORY, MINUTE, T0, booking, kinds, running
 
-from gpuresa.plan import Memory, NotifyChange, Start, Stop, plan
+from gpuresa.planning.planner import Memory, NotifyChange, Start, Stop, plan
 
 
 def test_a_key_with_an_action_under_way_gets_no_other_action() -> None:

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from gpuresa.cli import main
-from gpuresa.config import Config, parse_config
+from gpuresa.config.sections import Config, parse_config
 from gpuresa.model import Rejection, Reservation, ReservationSet
-from gpuresa.reservations import (
+from gpuresa.reservations.rules import (
     host_gpu_count,
     read_calendar,
     read_reservations,
@@ -661,8 +661,8 @@ def test_reservations_command_shows_the_last_snapshot_when_the_source_fails(
     config_path = write_config(
         tmp_path, f'name = "lab"\nkind = "ics"\nurl = "{folder}"\nhost = "gpu1"'
     )
-    from gpuresa.config import load_config
-    from gpuresa.sources import open_source
+    from gpuresa.config.sections import load_config
+    from gpuresa.reservations.sources import open_source
 
     config = load_config(config_path)
     open_source(config.calendars[0], config.daemon.state_dir).poll()  # the daemon's snapshot

@@ -7,8 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from gpuresa.catalog import TemplateError, load_templates, read_template, template_variants
-from gpuresa.config import Config, parse_config
+from gpuresa.config.sections import Config, parse_config
+from gpuresa.reservations.catalog import (
+    TemplateError,
+    load_templates,
+    read_template,
+    template_variants,
+)
 
 
 def templates_config(directory: Path, *allowed: str) -> Config:

@@ -19,10 +19,10 @@ import icalendar
 import pytest
 import recurring_ical_events
 
-from gpuresa.config import Config, parse_config
-from gpuresa.events import expand, parse_object
+from gpuresa.config.sections import Config, parse_config
+from gpuresa.ical.events import expand, parse_object
 from gpuresa.model import ReservationSet
-from gpuresa.reservations import read_reservations
+from gpuresa.reservations.rules import read_reservations
 
 CORPUS = Path(__file__).parent / "corpus"
 PARIS = ZoneInfo("Europe/Paris")

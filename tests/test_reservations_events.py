@@ -1,4 +1,4 @@
-"""The iCalendar reader and recurrence expansion (gpuresa.events), case by case.
+"""The iCalendar reader and recurrence expansion (gpuresa.ical.events), case by case.
 
 The recurrence engine is also checked against dateutil's rrule (Hypothesis),
 and its work limits against rules crafted to make an expansion spin.
@@ -17,7 +17,7 @@ from dateutil import rrule as dateutil_rrule
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from gpuresa.events import (
+from gpuresa.ical.events import (
     MAX_OCCURRENCES_IN_WINDOW,
     EventError,
     Occurrence,
@@ -546,7 +546,7 @@ SINGLE = (
 def test_outside_window_only_passes_over_what_surely_is(
     start: str, end: str, extra: str, skipped: bool
 ) -> None:
-    from gpuresa.events import outside_window
+    from gpuresa.ical.events import outside_window
 
     text = SINGLE.format(start=start, end=end, extra=extra)
     assert outside_window(text, *WINDOW) == ("far-away" if skipped else None)
@@ -554,7 +554,7 @@ def test_outside_window_only_passes_over_what_surely_is(
 
 
 def test_outside_window_reads_folded_and_doubled_lines_properly() -> None:
-    from gpuresa.events import outside_window
+    from gpuresa.ical.events import outside_window
 
     folded = SINGLE.format(start="2025\r\n 0101T090000", end="20250101T100000", extra="")
     assert outside_window(folded, *WINDOW) is None

@@ -12,9 +12,9 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuresa.config import LOGIN, Config, parse_config
+from gpuresa.config.sections import LOGIN, Config, parse_config
 from gpuresa.model import ReservationSet
-from gpuresa.reservations import read_reservations
+from gpuresa.reservations.rules import read_reservations
 
 VARIANTS = {"pytorch": ("12.4", "11.8"), "tensorflow": ("12.3",)}
 WINDOW = (datetime(2026, 3, 1, tzinfo=UTC), datetime(2026, 3, 15, tzinfo=UTC))

@@ -40,10 +40,10 @@ import paramiko
 import pytest
 from conftest import BASE_IMAGE, PODMAN_SOCKET, TEST_HOST, DockerHarness
 
-from gpuresa.allocation import AllocationError
 from gpuresa.cli import main
-from gpuresa.config import Config, parse_config
+from gpuresa.config.sections import Config, parse_config
 from gpuresa.model import Session, SessionSpec
+from gpuresa.planning.allocation import AllocationError
 from gpuresa.runtime import Runtime, RuntimeUnavailable, SessionError
 from gpuresa.runtime.engine import Engine, EngineRefused
 from gpuresa.runtime.namespaces import require_user_namespaces

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gpuresa.config import parse_config
+from gpuresa.config.sections import parse_config
 from gpuresa.model import SessionSpec
 from gpuresa.runtime import SessionError
 from gpuresa.runtime.output import hand_over, output_path, prepare_output, remap_base

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuresa.config import Config, HostConfig, parse_config
+from gpuresa.config.sections import Config, HostConfig, parse_config
 from gpuresa.model import IdRange, SessionSpec
 from gpuresa.runtime import SessionError
 from gpuresa.runtime.engines import Docker, Podman

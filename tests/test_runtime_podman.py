@@ -30,7 +30,7 @@ from test_runtime import (  # noqa: F401  (the fixtures `built` and `site`)
 )
 
 from gpuresa.cli import main
-from gpuresa.journal import Journal
+from gpuresa.journal.store import Journal
 from gpuresa.model import IdRange
 from gpuresa.runtime import Runtime, SessionError
 from gpuresa.runtime.engines import (

@@ -22,10 +22,10 @@ from urllib.parse import urlsplit
 import pytest
 from conftest import RadicaleServer
 
-from gpuresa.calendars import Calendars
-from gpuresa.config import Config, parse_config
-from gpuresa.sources import SourceError, open_source
-from gpuresa.sources.caldav_source import CalDAVSource, Changes
+from gpuresa.config.sections import Config, parse_config
+from gpuresa.reservations.calendars import Calendars
+from gpuresa.reservations.sources import SourceError, open_source
+from gpuresa.reservations.sources.caldav import CalDAVSource, Changes
 
 START = datetime(2026, 12, 1, 9, tzinfo=UTC)
 
@@ -138,7 +138,7 @@ def test_an_expired_sync_token_falls_back_to_a_listing_with_etags(
     modified.save()
     calendar.event_by_uid("one").delete()
     add_event(calendar, "five")
-    with caplog.at_level("INFO", logger="gpuresa.sources.caldav_source"):
+    with caplog.at_level("INFO", logger="gpuresa.reservations.sources.caldav"):
         result = source.poll()
     assert "refused the sync token (HTTP 403)" in caplog.text
     # the refused sync, the listing with ETags, one multiget of what changed: no duplicates

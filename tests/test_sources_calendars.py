@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from gpuresa.calendars import CalendarFreshness, Calendars
-from gpuresa.config import Config, parse_config
+from gpuresa.config.sections import Config, parse_config
+from gpuresa.reservations.calendars import CalendarFreshness, Calendars
 
 NOW = datetime(2026, 3, 10, 12, tzinfo=UTC)
 

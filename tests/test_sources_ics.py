@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from gpuresa.config import CalendarConfig, parse_config
-from gpuresa.sources import SourceError, open_source, shown_url
-from gpuresa.sources.ics_source import ICSSource
+from gpuresa.config.sections import CalendarConfig, parse_config
+from gpuresa.reservations.sources import SourceError, open_source, shown_url
+from gpuresa.reservations.sources.ics import ICSSource
 
 FEED = (
     b"BEGIN:VCALENDAR\r\nVERSION:2.0\r\nPRODID:feed\r\nBEGIN:VEVENT\r\nUID:f1\r\n"

@@ -17,9 +17,9 @@ import docker.errors
 import pytest
 from conftest import BASE_IMAGE
 
-from gpuresa.catalog import template_variants
 from gpuresa.cli import main
-from gpuresa.config import Config, parse_config
+from gpuresa.config.sections import Config, parse_config
+from gpuresa.reservations.catalog import template_variants
 from gpuresa.runtime import Runtime, SessionError
 from gpuresa.runtime.templates import (
     ACCESS_LAYER,

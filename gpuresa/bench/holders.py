@@ -10,9 +10,9 @@ import dataclasses
 from collections.abc import Iterable
 from datetime import datetime
 
-from gpuresa.config import Config
+from gpuresa.config.sections import Config
 from gpuresa.model import Reservation, Session
-from gpuresa.plan import Inventory, Prepare, Recreate, Start, plan
+from gpuresa.planning.planner import Inventory, Prepare, Recreate, Start, plan
 
 
 def gpu_holders(

@@ -34,14 +34,14 @@ from gpuresa.bench.workloads import (
 )
 from gpuresa.commands.session_commands import parse_gpu_list
 from gpuresa.commands.template_commands import docker_errors
-from gpuresa.config import Config, load_config
+from gpuresa.config.schema import Invalid, parse_duration
+from gpuresa.config.sections import Config, load_config
 from gpuresa.errors import UserError
 from gpuresa.model import Reservation
-from gpuresa.plan import Inventory
+from gpuresa.planning.planner import Inventory
 from gpuresa.runtime import Runtime
 from gpuresa.runtime.oneshot import OneShot
 from gpuresa.runtime.templates import resolve_template
-from gpuresa.schema import Invalid, parse_duration
 
 DEFAULT_RUNS = 3
 DEFAULT_WINDOW = "30m"
@@ -164,7 +164,7 @@ def refuse_held(
 def _reservations(config: Config) -> list[Reservation]:
     """The bookings the daemon last read from the calendars (none when it never ran)."""
     from gpuresa.daemon import journal_path
-    from gpuresa.journal import Journal
+    from gpuresa.journal.store import Journal
 
     path = journal_path(config)
     if not path.exists():
@@ -179,7 +179,7 @@ def _reservations(config: Config) -> list[Reservation]:
 def record(config: Config, action: str, result: str, detail: str, stream: TextIO) -> None:
     """Journal the bench under `bench:<host>`; a journal that cannot be written is warned of."""
     from gpuresa.daemon import journal_path
-    from gpuresa.journal import Journal
+    from gpuresa.journal.store import Journal
 
     try:
         journal = Journal(journal_path(config))

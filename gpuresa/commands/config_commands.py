@@ -9,8 +9,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from gpuresa.config import example_text, load_config
-from gpuresa.schema import PortRange, format_duration
+from gpuresa.config.schema import PortRange, format_duration
+from gpuresa.config.sections import example_text, load_config
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

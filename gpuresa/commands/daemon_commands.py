@@ -11,11 +11,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from gpuresa.config import Config, load_config
+from gpuresa.config.schema import Invalid, parse_duration
+from gpuresa.config.sections import Config, load_config
 from gpuresa.errors import UserError
-from gpuresa.journal import Journal
+from gpuresa.journal.store import Journal
 from gpuresa.outputs.disk import disk_report
-from gpuresa.schema import Invalid, parse_duration
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -294,10 +294,10 @@ def history_command(arguments: argparse.Namespace) -> int:
 
 
 def plan_command(arguments: argparse.Namespace) -> int:
-    from gpuresa.calendars import Calendars
     from gpuresa.daemon import journal_path
-    from gpuresa.journal import Journal
-    from gpuresa.plan import Inventory, Memory, plan
+    from gpuresa.journal.store import Journal
+    from gpuresa.planning.planner import Inventory, Memory, plan
+    from gpuresa.reservations.calendars import Calendars
     from gpuresa.runtime import Runtime
 
     config = load_config(arguments.config)
@@ -322,7 +322,7 @@ def plan_command(arguments: argparse.Namespace) -> int:
 
 
 def demo_command(arguments: argparse.Namespace) -> int:
-    from gpuresa.demo import run_demo
+    from gpuresa.commands.demo import run_demo
 
     try:
         start_in = parse_duration(arguments.start_in)

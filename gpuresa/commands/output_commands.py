@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpuresa.commands.template_commands import docker_errors
-from gpuresa.config import load_config
+from gpuresa.config.sections import load_config
 from gpuresa.errors import UserError
 from gpuresa.outputs.disk import disk_warnings
 from gpuresa.outputs.records import OutputFolder, folder_bytes

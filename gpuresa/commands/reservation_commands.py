@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from gpuresa.config import CalendarConfig, Config, load_config
+from gpuresa.config.sections import CalendarConfig, Config, load_config
 from gpuresa.errors import UserError
 from gpuresa.model import Rejection, Reservation, ReservationSet
-from gpuresa.reservations import read_reservations
-from gpuresa.sources import SourceError, open_source
+from gpuresa.reservations.rules import read_reservations
+from gpuresa.reservations.sources import SourceError, open_source
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -13,13 +13,13 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from gpuresa.commands.template_commands import docker_errors
-from gpuresa.config import Config, load_config
+from gpuresa.config.schema import Invalid, parse_duration
+from gpuresa.config.sections import Config, load_config
 from gpuresa.errors import UserError
 from gpuresa.model import Session
-from gpuresa.plan import AD_HOC_PREFIX
+from gpuresa.planning.planner import AD_HOC_PREFIX
 from gpuresa.runtime import Runtime
 from gpuresa.runtime.payload import utc_text
-from gpuresa.schema import Invalid, parse_duration
 
 DEFAULT_LENGTH = "2h"
 

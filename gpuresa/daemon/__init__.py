@@ -6,7 +6,7 @@
 - `work.Work`: what each action does (Docker, journal, notices), on a worker;
 - `memory.Remembered`: what rounds remember, mirrored in the journal;
 - `vanish`: a calendar that suddenly loses most of its bookings is held;
-- `notices.Notices`: every e-mail, through the outbox (`gpuresa.outbox`);
+- `notices.Notices`: every e-mail, through the outbox (`gpuresa.mail.outbox`);
 - `sampling.Sampler`: one GPU sample (telemetry, use per booking, findings), off the loop;
 - `observing.Observing`: the loop's side of it, and the state `/metrics` and the page read.
 """

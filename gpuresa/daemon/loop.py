@@ -24,7 +24,6 @@ from datetime import datetime, timedelta
 from typing import TypeVar
 
 from gpuresa import systemd
-from gpuresa.calendars import CalendarReport
 from gpuresa.daemon import vanish
 from gpuresa.daemon.executor import Executor
 from gpuresa.daemon.memory import Remembered
@@ -33,6 +32,7 @@ from gpuresa.daemon.rounds import Rounds
 from gpuresa.daemon.sampling import Sampler
 from gpuresa.daemon.state import Context
 from gpuresa.model import Rejection, Reservation, Session
+from gpuresa.reservations.calendars import CalendarReport
 from gpuresa.runtime.errors import (
     EngineTimeout,
     RuntimeUnavailable,

@@ -14,11 +14,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from gpuresa.config import Config
+from gpuresa.config.sections import Config
 from gpuresa.daemon.executor import InFlight
-from gpuresa.journal import Journal
+from gpuresa.journal.store import Journal
 from gpuresa.model import Reservation, Session, SessionSpec
-from gpuresa.plan import Memory, Stop
+from gpuresa.planning.planner import Memory, Stop
 
 # A failed start or stop is retried after these delays (then every last one).
 RETRY_DELAYS = (timedelta(seconds=15), timedelta(seconds=60), timedelta(minutes=5))

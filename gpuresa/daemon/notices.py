@@ -1,8 +1,8 @@
 """Which notice goes to whom, with the key the outbox deduplicates it by.
 
-Every e-mail of the daemon goes through the outbox (`gpuresa.outbox`): a relay
+Every e-mail of the daemon goes through the outbox (`gpuresa.mail.outbox`): a relay
 that hangs delays nothing but mail, and a notice is never lost or sent twice
-across restarts. The texts of the user's notices live in `gpuresa.notify`;
+across restarts. The texts of the user's notices live in `gpuresa.mail.notices`;
 those that only the daemon sends (a booking given to someone else, a change a
 running session cannot follow, the admin's reports) are here.
 """
@@ -14,10 +14,9 @@ import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from gpuresa.config import Config
+from gpuresa.config.sections import Config
 from gpuresa.gpus.findings import GpuLostFromHost, GpuLostInSession, IdleBooking, UnbookedProcess
-from gpuresa.model import Rejection, Session
-from gpuresa.notify import (
+from gpuresa.mail.notices import (
     SUBJECT_PREFIX,
     Notifier,
     cancel_message,
@@ -28,7 +27,8 @@ from gpuresa.notify import (
     start_message,
     warning_message,
 )
-from gpuresa.outbox import Outbox
+from gpuresa.mail.outbox import Outbox
+from gpuresa.model import Rejection, Session
 from gpuresa.outputs.messages import end_details, start_details
 
 log = logging.getLogger(__name__)

@@ -17,8 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from gpuresa.calendars import CalendarReport
-from gpuresa.config import Config, HostConfig
+from gpuresa.config.sections import Config, HostConfig
 from gpuresa.daemon.executor import LIFE_CYCLE, Executor
 from gpuresa.daemon.sampling import Sample, Sampler
 from gpuresa.daemon.state import Context
@@ -33,7 +32,8 @@ from gpuresa.gpus.findings import (
 from gpuresa.gpus.readings import GpuSnapshot
 from gpuresa.model import Rejection, Reservation, Session
 from gpuresa.observe.state import CalendarView, Counters, Published, build_state
-from gpuresa.plan import Action, Inventory, Prepare, Recreate, Start
+from gpuresa.planning.planner import Action, Inventory, Prepare, Recreate, Start
+from gpuresa.reservations.calendars import CalendarReport
 
 log = logging.getLogger(__name__)
 

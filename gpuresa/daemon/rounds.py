@@ -18,7 +18,7 @@ from gpuresa.daemon.state import Context
 from gpuresa.daemon.work import Done, Started, deadline_of
 from gpuresa.model import Reservation, Session
 from gpuresa.observe.state import Counters
-from gpuresa.plan import (
+from gpuresa.planning.planner import (
     Action,
     Extend,
     Fail,

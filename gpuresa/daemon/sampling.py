@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from gpuresa.config import Config
+from gpuresa.config.sections import Config
 from gpuresa.gpus.findings import Finding
 from gpuresa.gpus.readings import GpuSnapshot
 from gpuresa.gpus.telemetry import Telemetry

@@ -25,7 +25,7 @@ from typing import IO
 from zoneinfo import ZoneInfo
 
 from gpuresa import systemd
-from gpuresa.config import Config, load_config
+from gpuresa.config.sections import Config, load_config
 from gpuresa.daemon.loop import Loop
 from gpuresa.daemon.sampling import Sampler
 from gpuresa.daemon.state import Context, utc_now
@@ -33,12 +33,12 @@ from gpuresa.errors import UserError
 from gpuresa.gpus.telemetry import Telemetry
 from gpuresa.gpus.tracker import HostInspector
 from gpuresa.gpus.usage_store import USAGE_FILE, UsageStore
-from gpuresa.journal import Journal
-from gpuresa.journal_guard import open_journal
+from gpuresa.journal.guard import open_journal
+from gpuresa.journal.store import Journal
+from gpuresa.mail.notices import Notifier
+from gpuresa.mail.outbox import Outbox
 from gpuresa.model import Session
-from gpuresa.notify import Notifier
 from gpuresa.observe.server import ObservationServer
-from gpuresa.outbox import Outbox
 from gpuresa.outputs.disk import disk_warnings
 from gpuresa.runtime import Runtime
 

@@ -11,16 +11,16 @@ import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from gpuresa.calendars import CalendarReport, Calendars
-from gpuresa.config import Config
+from gpuresa.config.sections import Config
 from gpuresa.daemon.notices import Notices
 from gpuresa.daemon.work import Work
-from gpuresa.journal import Journal
+from gpuresa.journal.store import Journal
+from gpuresa.mail.notices import Notifier
+from gpuresa.mail.outbox import Outbox
 from gpuresa.model import Rejection
-from gpuresa.notify import Notifier
-from gpuresa.outbox import Outbox
 from gpuresa.outputs.duties import OutputDuties
 from gpuresa.outputs.service import OutputService
+from gpuresa.reservations.calendars import CalendarReport, Calendars
 from gpuresa.runtime import Runtime
 
 log = logging.getLogger(__name__)

@@ -12,13 +12,13 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime
 
-from gpuresa.config import Config
+from gpuresa.config.sections import Config
 from gpuresa.daemon.notices import Notices
 from gpuresa.daemon.records import session_from_record, session_record
-from gpuresa.journal import Journal
+from gpuresa.journal.store import Journal
+from gpuresa.mail.notices import wall_text
 from gpuresa.model import Session, SessionSpec
-from gpuresa.notify import wall_text
-from gpuresa.plan import (
+from gpuresa.planning.planner import (
     Extend,
     Fail,
     NotifyCancel,

@@ -13,12 +13,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from gpuresa.allocation import Holding, Ports, allocate_gpus
 from gpuresa.gpus.findings import UnbookedProcess
 from gpuresa.gpus.readings import GpuSnapshot
 from gpuresa.gpus.tracker import TrackerView
 from gpuresa.gpus.usage_store import SessionUse
 from gpuresa.model import Rejection, Reservation, Session
+from gpuresa.planning.allocation import Holding, Ports, allocate_gpus
 
 # seconds; a start pulls nothing and builds nothing, a stop waits its grace
 LATENCY_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)

@@ -10,7 +10,7 @@ from collections.abc import Collection, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from gpuresa.config import Config
+from gpuresa.config.sections import Config
 from gpuresa.outputs.owners import Owner
 
 OUTPUTS_ROLE = "outputs"

@@ -37,7 +37,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.x509.oid import NameOID
 
-from gpuresa.config import Config
+from gpuresa.config.sections import Config
 
 log = logging.getLogger(__name__)
 

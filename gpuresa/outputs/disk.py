@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from gpuresa.config import Config, StorageConfig
+from gpuresa.config.sections import Config, StorageConfig
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import logging
 from datetime import UTC, datetime
 
 from gpuresa.access import AccessError
-from gpuresa.config import Config
+from gpuresa.config.sections import Config
 from gpuresa.model import Session
 from gpuresa.outputs.owners import output_owner, prepare_login_folder
 from gpuresa.outputs.records import OutputRecords

@@ -1,6 +1,6 @@
 """The words of the outputs: what the start and end e-mails add, and the notices of their own.
 
-Pure functions, in the style of `gpuresa.notify` (which sends them): given the
+Pure functions, in the style of `gpuresa.mail.notices` (which sends them): given the
 config, a session or an output folder and the site's time zone, they return
 text or (subject, body). Reading the host keys (`start_details`) is the only
 file access, through `HostCredentials`.
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from gpuresa.config import Config
+from gpuresa.config.sections import Config
+from gpuresa.mail.notices import SUBJECT_PREFIX, format_remaining, format_time, one_line
 from gpuresa.model import Session
-from gpuresa.notify import SUBJECT_PREFIX, format_remaining, format_time, one_line
 from gpuresa.outputs.credentials import HostCredentials, known_hosts_lines
 from gpuresa.outputs.disk import DiskState
 from gpuresa.outputs.records import OutputFolder, planned_removal

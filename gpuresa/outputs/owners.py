@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuresa.access import AccessError, Account, check_login, container_uid, host_account
-from gpuresa.config import Config
+from gpuresa.config.sections import Config
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from gpuresa.access import LOGIN_PATTERN, RESERVED_LOGINS
-from gpuresa.config import StorageConfig
+from gpuresa.config.sections import StorageConfig
 
 log = logging.getLogger(__name__)
 

@@ -30,9 +30,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from gpuresa import catalog
 from gpuresa.access import AccessError, authorized_keys
-from gpuresa.config import Config
+from gpuresa.config.sections import Config
 from gpuresa.outputs.container import (
     OUTPUTS_ROLE,
     PAYLOAD_LABEL,
@@ -57,6 +56,7 @@ from gpuresa.outputs.records import (
     removal_due,
     scan,
 )
+from gpuresa.reservations import catalog
 from gpuresa.runtime.engine import Engine
 from gpuresa.runtime.errors import SessionError
 from gpuresa.runtime.output import hand_over

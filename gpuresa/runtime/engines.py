@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpuresa.config import LimitsConfig
+from gpuresa.config.sections import LimitsConfig
 from gpuresa.model import IdRange
 from gpuresa.runtime.engine import Engine
 from gpuresa.runtime.errors import SessionError

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from gpuresa.config import HostConfig
+from gpuresa.config.sections import HostConfig
 from gpuresa.runtime.errors import SessionError
 from gpuresa.runtime.payload import GpuAccess, gpu_access
 

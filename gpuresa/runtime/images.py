@@ -33,8 +33,8 @@ from gpuresa.runtime.templates import (
 )
 
 if TYPE_CHECKING:
-    from gpuresa.catalog import Template, Variant
-    from gpuresa.config import TemplatesConfig
+    from gpuresa.config.sections import TemplatesConfig
+    from gpuresa.reservations.catalog import Template, Variant
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from gpuresa.config import Config
+from gpuresa.config.sections import Config
 from gpuresa.runtime.engine import Engine
 from gpuresa.runtime.errors import SessionError
 from gpuresa.runtime.gpus import host_gpu_access

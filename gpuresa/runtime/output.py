@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from gpuresa.config import Config
+from gpuresa.config.sections import Config
 from gpuresa.model import SessionSpec
 from gpuresa.runtime.errors import SessionError
 from gpuresa.runtime.payload import safe_key

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from gpuresa.config import Config, HostConfig, LimitsConfig
+from gpuresa.config.sections import Config, HostConfig, LimitsConfig
 from gpuresa.model import IdRange, Session, SessionSpec
 from gpuresa.runtime.errors import SessionError
 

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
-from gpuresa.config import Config, HostConfig
+from gpuresa.config.sections import Config, HostConfig
 from gpuresa.model import Session, SessionSpec
 from gpuresa.runtime import garbage, stopping
 from gpuresa.runtime.engine import Engine, EngineRefused

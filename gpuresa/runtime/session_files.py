@@ -33,7 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePath
 from zoneinfo import ZoneInfo
 
-from gpuresa.notify import printable
+from gpuresa.mail.notices import printable
 from gpuresa.runtime.errors import SessionError
 from gpuresa.runtime.payload import safe_key, utc_text
 

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from gpuresa.access import AccessError, check_login
-from gpuresa.allocation import Holding, Ports, allocate_gpus, allocate_ports
-from gpuresa.config import Config
+from gpuresa.config.sections import Config
 from gpuresa.model import Session, SessionSpec
+from gpuresa.planning.allocation import Holding, Ports, allocate_gpus, allocate_ports
 from gpuresa.runtime.errors import SessionError
 from gpuresa.runtime.payload import utc_text
 from gpuresa.runtime.templates import resolve_template

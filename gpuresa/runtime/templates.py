@@ -11,7 +11,7 @@ A template is `<templates directory>/<name>/` with a `Dockerfile` and a
 Two folders there are not templates: `access/` (the SSH/sudo layer built on top
 of every template's image) and `ftp/` (the FTP sidecar's image). Nothing here
 talks to Docker: the runtime builds what these functions describe. The
-metadata is read by `gpuresa.catalog` (also the bookings' validation view);
+metadata is read by `gpuresa.reservations.catalog` (also the bookings' validation view);
 this module adds the allowlist check, the image hash and the build context.
 """
 
@@ -25,9 +25,9 @@ import tarfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from gpuresa import catalog
-from gpuresa.catalog import Template, Variant
-from gpuresa.config import TemplatesConfig
+from gpuresa.config.sections import TemplatesConfig
+from gpuresa.reservations import catalog
+from gpuresa.reservations.catalog import Template, Variant
 from gpuresa.runtime.errors import SessionError
 
 METADATA_FILE = catalog.TEMPLATE_FILE
@@ -47,7 +47,7 @@ def templates_directory(config: TemplatesConfig) -> Path:
 
 
 def read_template(directory: Path) -> Template:
-    """`gpuresa.catalog.read_template`, its `TemplateError` as a `SessionError`."""
+    """`gpuresa.reservations.catalog.read_template`, its `TemplateError` as a `SessionError`."""
     try:
         return catalog.read_template(directory)
     except catalog.TemplateError as error:

@@ -1,6 +1,6 @@
 """The journal's outbox table: e-mails waiting for the relay, and which notices went out.
 
-A part of `journal.Journal` (mixed in), kept apart for size; `gpuresa.outbox`
+A part of `journal.Journal` (mixed in), kept apart for size; `gpuresa.mail.outbox`
 sends what is queued here. The table is made by the journal's migrations.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from gpuresa.journal_times import from_text, optional_time, to_text
+from gpuresa.journal.times import from_text, optional_time, to_text
 
 
 @dataclass(frozen=True)

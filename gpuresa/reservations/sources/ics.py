@@ -22,9 +22,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import urlsplit
 
-from gpuresa.config import CalendarConfig, read_secret
+from gpuresa.config.sections import CalendarConfig, read_secret
 from gpuresa.errors import UserError
-from gpuresa.sources import (
+from gpuresa.reservations.sources import (
     PollResult,
     SourceError,
     icalendar_problem,
@@ -32,7 +32,7 @@ from gpuresa.sources import (
     shown_url,
     url_secrets,
 )
-from gpuresa.sources.snapshot import Snapshot, SnapshotStore, StoredObject
+from gpuresa.reservations.sources.snapshot import Snapshot, SnapshotStore, StoredObject
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 `Calendars.poll(now, first_seen=…, holding=…)` polls each source, reads all
 calendars into reservations over the window (`now - window_past` to
 `now + window_ahead`), decides over-booking (see
-`gpuresa.reservations.resolve_conflicts`) and says how fresh each calendar
+`gpuresa.reservations.rules.resolve_conflicts`) and says how fresh each calendar
 is. One calendar failing (server down, password refused, file missing) is
 logged and read from its last good snapshot; the others go on. A calendar
 that never answered and has no snapshot contributes nothing and says so in
@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType
 
-from gpuresa.config import Config
+from gpuresa.config.sections import Config
 from gpuresa.model import ReservationSet
-from gpuresa.reservations import read_reservations
-from gpuresa.sources import CalendarSource, SourceError, open_source
+from gpuresa.reservations.rules import read_reservations
+from gpuresa.reservations.sources import CalendarSource, SourceError, open_source
 
 log = logging.getLogger(__name__)
 

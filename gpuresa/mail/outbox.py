@@ -27,10 +27,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from gpuresa.journal import Journal
-from gpuresa.journal_outbox import OutboxMessage
-from gpuresa.notify import Notifier, NotifyError, one_line, valid_address
-from gpuresa.schema import format_duration
+from gpuresa.config.schema import format_duration
+from gpuresa.journal.outbox import OutboxMessage
+from gpuresa.journal.store import Journal
+from gpuresa.mail.notices import Notifier, NotifyError, one_line, valid_address
 
 log = logging.getLogger(__name__)
 

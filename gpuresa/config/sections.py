@@ -15,8 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 
-from gpuresa.errors import ConfigError, UserError
-from gpuresa.schema import (
+from gpuresa.config.schema import (
     Field,
     Loader,
     PortRange,
@@ -25,6 +24,7 @@ from gpuresa.schema import (
     positive_duration,
     valid_regex,
 )
+from gpuresa.errors import ConfigError, UserError
 
 DEFAULT_CONFIG_PATH = Path("/etc/gpuresa/config.toml")
 CONFIG_ENVIRONMENT_VARIABLE = "GPURESA_CONFIG"
@@ -491,7 +491,7 @@ def read_secret(
 
 def example_text() -> str:
     """The documented example configuration (`config.example.toml`)."""
-    packaged = Path(__file__).with_name("config.example.toml")
+    packaged = Path(__file__).parents[1] / "config.example.toml"
     if packaged.exists():
         return packaged.read_text(encoding="utf-8")
-    return (Path(__file__).parents[1] / "config.example.toml").read_text(encoding="utf-8")
+    return (Path(__file__).parents[2] / "config.example.toml").read_text(encoding="utf-8")

@@ -11,9 +11,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from gpuresa.allocation import AllocationError, Holding, Ports, allocate_gpus, allocate_ports
-from gpuresa.config import Config, HostConfig
+from gpuresa.config.sections import Config, HostConfig
 from gpuresa.model import Reservation, Session, SessionSpec
+from gpuresa.planning.allocation import (
+    AllocationError,
+    Holding,
+    Ports,
+    allocate_gpus,
+    allocate_ports,
+)
 
 # Sessions started by `gpuresa session start` run to the end in their labels;
 # no calendar explains them, and they are not orphans.

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from gpuresa.config import HostConfig
+from gpuresa.config.sections import HostConfig
 from gpuresa.errors import UserError
 
 

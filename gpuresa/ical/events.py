@@ -2,7 +2,7 @@
 
 This is the "events" stage of the data flow: calendar objects go in, exact
 occurrences (aware UTC start and end, keyed by UID + RECURRENCE-ID) come out,
-each with the VEVENT that describes it; `gpuresa.reservations` then reads the
+each with the VEVENT that describes it; `gpuresa.reservations.rules` then reads the
 booking out of that VEVENT. Nothing here does I/O or reads the clock.
 
 Why not icalendar and recurring-ical-events in this path: measured on the
@@ -42,8 +42,8 @@ What is read, and how:
   more often than daily, BYYEARDAY and BYWEEKNO are refused with a reason: no
   booking app writes them.
 
-Where it lives: `gpuresa.calendar_text` reads the lines into components,
-`gpuresa.zones` turns TZIDs into zones, `gpuresa.recurrence` expands RRULEs;
+Where it lives: `gpuresa.ical.text` reads the lines into components,
+`gpuresa.ical.zones` turns TZIDs into zones, `gpuresa.ical.recurrence` expands RRULEs;
 this module turns values into times and events into occurrences, and keeps
 the public names of all four.
 
@@ -63,7 +63,15 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta, tzinfo
 from typing import NamedTuple
 
-from gpuresa.calendar_text import (
+from gpuresa.errors import EventError
+from gpuresa.ical.recurrence import (
+    MAX_OCCURRENCES_IN_WINDOW,
+    MAX_PERIODS,
+    Rule,
+    expand_rule,
+    read_rule,
+)
+from gpuresa.ical.text import (
     Component,
     ObjectContext,
     ParsedObject,
@@ -72,15 +80,7 @@ from gpuresa.calendar_text import (
     parse_object,
     unescape_text,
 )
-from gpuresa.errors import EventError
-from gpuresa.recurrence import (
-    MAX_OCCURRENCES_IN_WINDOW,
-    MAX_PERIODS,
-    Rule,
-    expand_rule,
-    read_rule,
-)
-from gpuresa.zones import Zones, named_zone, zone_for
+from gpuresa.ical.zones import Zones, named_zone, zone_for
 
 __all__ = [
     "MAX_DATES_IN_LIST",

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import unquote, urlsplit
 
-from gpuresa.config import CalendarConfig
+from gpuresa.config.sections import CalendarConfig
 from gpuresa.errors import UserError
 
 
@@ -65,10 +65,10 @@ def open_source(
     commands that only look.
     """
     if calendar.kind == "caldav":
-        from gpuresa.sources.caldav_source import CalDAVSource
+        from gpuresa.reservations.sources.caldav import CalDAVSource
 
         return CalDAVSource(calendar, state_dir, persist=persist)
-    from gpuresa.sources.ics_source import ICSSource
+    from gpuresa.reservations.sources.ics import ICSSource
 
     return ICSSource(calendar, state_dir, persist=persist)
 

@@ -1,9 +1,9 @@
-"""iCalendar text to components: the bounded line reader behind `gpuresa.events`.
+"""iCalendar text to components: the bounded line reader behind `gpuresa.ical.events`.
 
 `parse_object` reads one calendar object (one or more VCALENDARs) into its
 VEVENTs, each a `Component` of raw properties, and keeps the VTIMEZONE
-definitions by TZID for `gpuresa.zones`. It never raises; what cannot be
-read is a problem of the event or of the whole object (see `gpuresa.events`).
+definitions by TZID for `gpuresa.ical.zones`. It never raises; what cannot be
+read is a problem of the event or of the whole object (see `gpuresa.ical.events`).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from gpuresa.errors import UserError
-from gpuresa.journal import (
+from gpuresa.journal.store import (
     COMPANIONS,
     CalendarStatus,
     HistoryEntry,

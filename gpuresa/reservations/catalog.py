@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuresa.config import Config
+from gpuresa.config.sections import Config
 from gpuresa.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ class Template:
 
 # The templates shipped with gpuresa: in a checkout, a link to the top-level
 # templates/ folder; in an installed package, a copy of it.
-SHIPPED_TEMPLATES = Path(__file__).parent / "templates"
+SHIPPED_TEMPLATES = Path(__file__).parents[1] / "templates"
 
 
 def templates_directory(config: Config) -> Path:

@@ -29,10 +29,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
-from gpuresa.config import NotifyConfig, UsersConfig, read_secret
+from gpuresa.config.schema import format_duration
+from gpuresa.config.sections import NotifyConfig, UsersConfig, read_secret
 from gpuresa.errors import UserError
 from gpuresa.model import Rejection, Session
-from gpuresa.schema import format_duration
 
 log = logging.getLogger(__name__)
 

@@ -8,12 +8,12 @@ holds:
 - each reservation's lifecycle state, and a row for every change of state;
 - every action with its result or error;
 - which notices were sent, so a restarted daemon never sends one twice;
-- the outbox: e-mails waiting to be sent (or sent), see `gpuresa.outbox`;
+- the outbox: e-mails waiting to be sent (or sent), see `gpuresa.mail.outbox`;
 - each calendar's freshness and a few daemon facts (`meta`).
 
 The file, its -wal and -shm companions and its folder are readable by root
 only (they hold users' addresses and bookings). `trim` forgets what is older
-than the retention. `gpuresa.journal_guard` opens the journal for the daemon:
+than the retention. `gpuresa.journal.guard` opens the journal for the daemon:
 a damaged file is moved aside, and no failure of the journal ever raises.
 
 All instants are stored as ISO 8601 text in UTC (fixed width, so they sort as
@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gpuresa.errors import UserError
-from gpuresa.journal_outbox import OutboxTable
-from gpuresa.journal_times import from_text, optional_text, optional_time, to_text
+from gpuresa.journal.outbox import OutboxTable
+from gpuresa.journal.times import from_text, optional_text, optional_time, to_text
 from gpuresa.model import Rejection, Reservation
 
 # The reservation lifecycle: booked → preparing → running → warned → stopping

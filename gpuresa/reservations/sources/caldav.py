@@ -32,9 +32,9 @@ from typing import Any, NamedTuple
 from urllib.parse import quote, unquote, urljoin, urlsplit
 from xml.sax.saxutils import escape
 
-from gpuresa.config import CalendarConfig, read_secret
+from gpuresa.config.sections import CalendarConfig, read_secret
 from gpuresa.errors import UserError
-from gpuresa.sources import (
+from gpuresa.reservations.sources import (
     PollResult,
     SourceError,
     icalendar_problem,
@@ -42,7 +42,7 @@ from gpuresa.sources import (
     shown_url,
     url_secrets,
 )
-from gpuresa.sources.snapshot import Snapshot, SnapshotStore, StoredObject
+from gpuresa.reservations.sources.snapshot import Snapshot, SnapshotStore, StoredObject
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 Pure: given the calendars' objects, the config and a window, these functions
 return what the calendars ask for; they do no I/O and read no clock (the one
 exception: when no template catalog is passed, it is read from the template
-folders through `gpuresa.catalog.template_variants`).
+folders through `gpuresa.reservations.catalog.template_variants`).
 
 Everything in an event is untrusted text typed into a booking form, so every
 value a reservation takes from it is checked, and any failure rejects that
@@ -43,8 +43,9 @@ from datetime import UTC, datetime, timedelta, tzinfo
 from types import MappingProxyType
 from zoneinfo import ZoneInfo
 
-from gpuresa.config import LOGIN, CalendarConfig, Config, HostConfig
-from gpuresa.events import (
+from gpuresa.config.schema import format_duration
+from gpuresa.config.sections import LOGIN, CalendarConfig, Config, HostConfig
+from gpuresa.ical.events import (
     Component,
     Occurrence,
     ParsedObject,
@@ -55,7 +56,6 @@ from gpuresa.events import (
     read_stamp,
 )
 from gpuresa.model import Rejection, Reservation, ReservationSet, occurrence_key
-from gpuresa.schema import format_duration
 
 log = logging.getLogger(__name__)
 
@@ -144,13 +144,13 @@ def read_calendar(
     Tentative bookings are left out unless the calendar accepts them;
     cancelled ones are no reservation. Objects holding one single event whose
     dates lie well outside the window are not read at all (see
-    `gpuresa.events.outside_window`), so their flaws go unreported until their
+    `gpuresa.ical.events.outside_window`), so their flaws go unreported until their
     time comes near. `variants` is the template catalog
     (template -> CUDA variants, first = default); None reads it from disk.
     Never raises for anything in the calendar's text.
     """
     if variants is None:
-        from gpuresa.catalog import template_variants
+        from gpuresa.reservations.catalog import template_variants
 
         variants = template_variants(config)
     site_zone = ZoneInfo(config.reservations.timezone)
@@ -728,7 +728,7 @@ def read_reservations(
     the calendar listed first in the config; the copy is logged and ignored.
     """
     if variants is None:
-        from gpuresa.catalog import template_variants
+        from gpuresa.reservations.catalog import template_variants
 
         variants = template_variants(config)
     with _cycle_collection_paused():

@@ -1,0 +1,1 @@
+"""The configuration: sections, schema, checks and units."""

@@ -1,0 +1,1 @@
+"""The calendar reader: RFC 5545 text, time zones, recurrence, events."""

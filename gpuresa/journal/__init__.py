@@ -1,0 +1,1 @@
+"""The SQLite journal: reservations, actions, notices, the outbox."""

@@ -1,0 +1,1 @@
+"""Mail: the SMTP gateway, the text of every notice, the outbox."""

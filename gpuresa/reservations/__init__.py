@@ -1,0 +1,1 @@
+"""Reservations: the calendar sources, the booking rules and conflicts, the templates."""
