@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import socket
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -111,6 +111,10 @@ class Runtime:
         """
         self.kind.check(self.engine)
 
+    def check(self) -> None:
+        """The session protocol's name for `check_engine`."""
+        self.check_engine()
+
     # --- images ----------------------------------------------------------------------------
 
     def ensure_image(self, template: str, cuda: str | None) -> str:
@@ -131,6 +135,15 @@ class Runtime:
     def ftp_image_present(self) -> bool:
         """Whether the FTP sidecar's current image is here (never builds, never waits)."""
         return self.images.ftp_present_tag() is not None
+
+    def provisioned(self, spec: SessionSpec) -> bool:
+        """Whether the images `spec`'s session needs are here (never builds, never waits)."""
+        return self.image_present(spec.template, spec.cuda) and self.ftp_image_present()
+
+    def provision(self, spec: SessionSpec) -> None:
+        """Build the images `spec`'s session needs when missing (may take minutes)."""
+        self.ensure_image(spec.template, spec.cuda)
+        self.ensure_ftp_image()
 
     # --- reading sessions back from Docker -------------------------------------------------
 
@@ -444,6 +457,10 @@ class Runtime:
         host = self.config.daemon.host
         removed = garbage.leaked_networks(self.engine, host, busy, network_min_age)
         return removed + garbage.old_images(self.engine, self.images, host)
+
+    def cleanup(self, busy: Collection[str]) -> list[str]:
+        """The session protocol's `cleanup`: `collect_garbage` with the default ages."""
+        return self.collect_garbage(set(busy))
 
     # --- for the admin commands ------------------------------------------------------------
 

@@ -1,0 +1,151 @@
+"""The session protocol's promises (`gpuresa.backends.protocol`), checked on every backend.
+
+Each test takes `contract`, one backend of a real site in turn (Docker, Podman),
+and speaks only the protocol: what passes here for one backend must pass for
+every other. A user's view is checked the way a user has it, an SSH login.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import paramiko
+import pytest
+from test_runtime import Site, built_fixture, make_site, run, ssh_login  # noqa: F401
+
+from gpuresa.backends.protocol import SessionBackend
+from gpuresa.model import Session, SessionSpec
+from gpuresa.runtime import Runtime, SessionError
+
+
+@dataclasses.dataclass
+class Contract:
+    """A backend under test, and how to make another one as a restarted daemon would."""
+
+    site: Site
+    make: Callable[[], SessionBackend]
+    spec: Callable[..., SessionSpec]
+
+    def __post_init__(self) -> None:
+        self.backend = self.make()
+
+
+@pytest.fixture(name="contract")
+def contract_fixture(tmp_path: Any, engine_harness: Any, built: Any) -> Contract:
+    built(engine_harness)
+    site = make_site(tmp_path, engine_harness.client, engine=engine_harness.engine)
+
+    def make() -> SessionBackend:
+        return Runtime(site.config, site.client)
+
+    def spec(**options: Any) -> SessionSpec:
+        end = options.pop("end", datetime.now(UTC) + timedelta(hours=1))
+        user = options.pop("user", "alice")
+        runtime = Runtime(site.config, site.client)
+        return runtime.new_spec(user, "pytorch", end, **options)
+
+    return Contract(site, make, spec)
+
+
+def login_user(contract: Contract, session: Session, command: str) -> str:
+    with ssh_login(session, session.user, contract.site.key(session.user)) as client:
+        code, output = run(client, command)
+    assert code == 0, output
+    return output
+
+
+def test_every_backend_speaks_the_protocol(contract: Contract) -> None:
+    assert isinstance(contract.backend, SessionBackend)
+    contract.backend.check()
+    assert contract.backend.provisioned(contract.spec())
+
+
+def test_prepare_keeps_the_user_out_until_start_lets_them_in(contract: Contract) -> None:
+    backend, spec = contract.backend, contract.spec()
+    prepared = backend.prepare(spec)
+    assert (prepared.key, prepared.state) == (spec.key, "created")
+    with pytest.raises((paramiko.SSHException, EOFError, OSError)):
+        login_user(contract, prepared, "true")
+    started = backend.start(spec)
+    assert started.state == "running"
+    assert login_user(contract, started, "id -un").strip() == spec.user
+    # idempotent: a second start returns the running session as it is
+    assert backend.start(spec).ssh_port == started.ssh_port
+
+
+def test_a_new_backend_object_adopts_what_runs(contract: Contract) -> None:
+    spec = contract.spec()
+    contract.backend.start(spec)
+    adopted = {session.key: session for session in contract.make().list_sessions()}
+    assert spec.key in adopted
+    session = adopted[spec.key]
+    assert (session.user, session.ssh_port, session.state) == (spec.user, spec.ssh_port, "running")
+    assert session.end == spec.end.replace(microsecond=0) or session.end == spec.end
+
+
+def test_extend_and_message_are_shown_in_the_session(contract: Contract) -> None:
+    spec = contract.spec()
+    session = contract.backend.start(spec)
+    later = spec.end + timedelta(hours=2)
+    contract.backend.extend(spec.key, later)
+    listed = {item.key: item for item in contract.make().list_sessions()}[spec.key]
+    assert abs((listed.end - later).total_seconds()) < 1
+    contract.backend.message(spec.key, "ten minutes left")
+    shown = login_user(contract, session, "cat /etc/gpuresa/session/message")
+    assert "ten minutes left" in shown
+    facts = contract.backend.facts(listed)
+    assert (facts.user, abs((facts.end - later).total_seconds()) < 1) == (spec.user, True)
+
+
+def test_stop_gives_the_grace_then_removes_and_keeps_the_output(contract: Contract) -> None:
+    spec = contract.spec()
+    session = contract.backend.start(spec)
+    # a process that ignores SIGTERM, started through sudo: only the kill after the grace ends it
+    login_user(
+        contract,
+        session,
+        "echo result > /output/result.txt; "
+        "sudo -n nohup sh -c 'trap \"\" TERM; exec tail -f /dev/null' >/dev/null 2>&1 &",
+    )
+    assert login_user(contract, session, "pgrep -c -x tail").strip() == "1"
+    began = time.monotonic()
+    contract.backend.stop(spec.key, timedelta(seconds=2))
+    took = time.monotonic() - began
+    assert 2 <= took < 20, took
+    assert spec.key not in {item.key for item in contract.make().list_sessions()}
+    assert (session.output_dir / "result.txt").read_text() == "result\n"
+    # idempotent: stopping or killing what is gone does nothing
+    contract.backend.stop(spec.key, timedelta(seconds=1))
+    contract.backend.kill(spec.key)
+
+
+def test_kill_ends_at_once(contract: Contract) -> None:
+    spec = contract.spec()
+    contract.backend.start(spec)
+    began = time.monotonic()
+    contract.backend.kill(spec.key)
+    assert time.monotonic() - began < 15
+    assert spec.key not in {item.key for item in contract.backend.list_sessions()}
+
+
+def test_a_spec_the_host_cannot_serve_is_refused_before_anything_is_made(
+    contract: Contract,
+) -> None:
+    spec = dataclasses.replace(contract.spec(), gpus=(97,))
+    with pytest.raises(SessionError):
+        contract.backend.check_spec(spec)
+    with pytest.raises(SessionError):
+        contract.backend.start(spec)
+    assert spec.key not in {item.key for item in contract.backend.list_sessions()}
+
+
+def test_cleanup_never_touches_a_busy_session(contract: Contract) -> None:
+    spec = contract.spec()
+    contract.backend.start(spec)
+    removed = contract.backend.cleanup({spec.key})
+    assert all(spec.key not in name for name in removed)
+    assert login_user(contract, contract.backend.start(spec), "echo up").strip() == "up"
