@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 import sys
 import tomllib
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,41 +47,86 @@ def test_example_is_valid_and_sets_what_it_shows() -> None:
     assert config.storage.inputs[0].target == Path("/data")
 
 
-def test_example_documents_every_key() -> None:
-    text = EXAMPLE.read_text()
-    import dataclasses
+SECTIONS: dict[str, type] = {
+    "daemon": config_module.DaemonConfig,
+    "reservations": config_module.ReservationsConfig,
+    "calendars": config_module.CalendarConfig,
+    "hosts": config_module.HostConfig,
+    "templates": config_module.TemplatesConfig,
+    "users": config_module.UsersConfig,
+    "storage": config_module.StorageConfig,
+    "storage.inputs": config_module.InputMount,
+    "limits": config_module.LimitsConfig,
+    "notify": config_module.NotifyConfig,
+    "telemetry": config_module.TelemetryConfig,
+}
+# a commented key line ending with this shows an example value of a key unset by default
+EXAMPLE_MARK = "# example; unset by default"
 
-    def keys(cls: type) -> set[str]:
-        found = set()
-        for field in dataclasses.fields(cls):
-            if field.name == "source":
-                continue
-            found.add(field.name)
-        return found
 
-    sections = {
-        "daemon": config_module.DaemonConfig,
-        "reservations": config_module.ReservationsConfig,
-        "calendars": config_module.CalendarConfig,
-        "hosts": config_module.HostConfig,
-        "templates": config_module.TemplatesConfig,
-        "users": config_module.UsersConfig,
-        "storage": config_module.StorageConfig,
-        "storage.inputs": config_module.InputMount,
-        "limits": config_module.LimitsConfig,
-        "notify": config_module.NotifyConfig,
-        "telemetry": config_module.TelemetryConfig,
-    }
-    missing = []
-    for section, cls in sections.items():
-        for key in keys(cls):
-            if section == "storage" and key == "inputs":
-                continue
-            if not re.search(rf"^#? ?{key} = ", text, re.MULTILINE):
-                missing.append(f"{section}.{key}")
-    assert missing == []
+def documented_keys() -> list[tuple[str, str, str, bool]]:
+    """(section, key, value as written, commented) of every key line, section by section."""
+    found, section = [], ""
+    for line in EXAMPLE.read_text().splitlines():
+        header = re.match(r"^\[\[?([a-z_.]+)\]\]?\s*$", line)
+        if header:
+            section = header.group(1)
+            continue
+        key_line = re.match(r"^(# ?)?([a-z_]+) = (.+)$", line)
+        if key_line and section:
+            found.append((section, key_line[2], key_line[3], key_line[1] is not None))
+    return found
+
+
+def field_value(document: dict[str, Any], section: str, key: str) -> Any:
+    """The value the schema gives `section.key` when it reads `document`."""
+    value: Any = parse_config(document, "example")
+    for part in section.split("."):
+        value = getattr(value, part)
+        value = value[0] if isinstance(value, tuple) else value
+    return getattr(value, key)
+
+
+def test_example_documents_every_key_once_per_section() -> None:
+    written: dict[str, list[str]] = {}
+    for section, key, _, _ in documented_keys():
+        written.setdefault(section, []).append(key)
+    for section, cls in SECTIONS.items():
+        expected = {field.name for field in dataclasses.fields(cls)}
+        if section == "storage":
+            expected -= {"inputs"}  # its own [[storage.inputs]] tables
+        shown = written.get(section, [])
+        assert sorted(set(shown)) == sorted(expected), section
+        repeated = {key for key in shown if shown.count(key) > 1}
+        assert repeated <= {"gpu_mode"}, (section, repeated)  # gpu_mode: one line per choice
     top_level = {field.name for field in dataclasses.fields(Config)} - {"source"}
-    assert top_level == {name.split(".")[0] for name in sections}
+    assert top_level == {name.split(".")[0] for name in SECTIONS}
+
+
+def test_every_documented_default_is_the_schemas() -> None:
+    """A commented `# key = value` line states the default: the schema must agree."""
+    mismatched = []
+    for section, key, written, commented in documented_keys():
+        if not commented:
+            continue  # a value the example sets, not a default
+        document = tomllib.loads(EXAMPLE.read_text())
+        table: Any = document
+        for part in section.split("."):
+            table = table.setdefault(part, {})
+            table = table[0] if isinstance(table, list) else table
+        table.pop(key, None)
+        default = field_value(document, section, key)
+        if written.endswith(EXAMPLE_MARK) or EXAMPLE_MARK in written:
+            # an example of a key that is unset by default
+            if default not in (None, {}, (), ""):
+                mismatched.append(f"{section}.{key}: marked unset, default is {default!r}")
+            continue
+        table[key] = tomllib.loads(f"value = {written}")["value"]
+        if key == "gpu_mode" and table[key] != "nvidia":
+            continue  # the other choices of gpu_mode, each on a line of its own
+        if field_value(document, section, key) != default:
+            mismatched.append(f"{section}.{key}: documented {written}, default is {default!r}")
+    assert mismatched == []
 
 
 def test_unknown_key_wrong_type_and_bad_duration_are_all_reported() -> None:
