@@ -18,7 +18,7 @@ Pure: the journal's knowledge comes in as arguments.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from gpuresa.calendar_text import ParsedObject
@@ -28,6 +28,20 @@ from gpuresa.model import Rejection, Reservation
 # holding one is refused), so these cannot be claimed from a calendar.
 COPY_MARK = "/copy"
 MOVED_MARK = "/moved-"
+
+
+@dataclass(frozen=True)
+class Claims:
+    """What the journal and the sessions say each booking is owed, for the reader.
+
+    granted: the interval each prepared, running or ended session was given;
+    ended: the times each ended occurrence had at its end;
+    origins: where gpuresa first saw each UID, (calendar, href).
+    """
+
+    granted: Mapping[str, tuple[datetime, datetime]] = field(default_factory=dict)
+    ended: Mapping[str, tuple[datetime, datetime]] = field(default_factory=dict)
+    origins: Mapping[str, tuple[str, str]] = field(default_factory=dict)
 
 
 def _stamp(moment: datetime) -> str:

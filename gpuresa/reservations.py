@@ -314,6 +314,7 @@ class _BookingReader:
             stamp=booking.stamp,
             tentative=booking.tentative,
             uid_derived=occurrence.component.uid_derived,
+            href=occurrence.href,
         )
 
     def reject_problem(self, problem: Problem) -> Rejection:
