@@ -39,6 +39,8 @@ class Reservation:
     tentative: bool = False
     # the event has no UID: `uid` is derived from its content (gpuresa.ical.text)
     uid_derived: bool = False
+    # the calendar object (href or file name) the booking was read from
+    href: str = ""
 
 
 @dataclass(frozen=True)

@@ -328,8 +328,8 @@ def test_objects_far_outside_the_window_are_not_read_unless_their_uid_matters() 
     near = event(uid="near").replace("SUMMARY:", "not a property line\r\nSUMMARY:")
     found = read_calendar(calendar, config, [("near.ics", near)], *WINDOW, variants=VARIANTS)
     assert [item.key for item in found.rejected] == ["near"]
-    # a single event moved into the window by an exception kept in another file: the
-    # event far away is read after all, so the occurrence keeps the event's own key
+    # an exception of a far event kept in another file: the event far away is read after
+    # all, so the copy of its UID in another object is seen and refused
     moved = (
         "BEGIN:VCALENDAR\r\nVERSION:2.0\r\nBEGIN:VEVENT\r\nUID:moved\r\n"
         f"RECURRENCE-ID:{far:%Y%m%dT%H%M%SZ}\r\nDTSTART:{START:%Y%m%dT%H%M%SZ}\r\n"
@@ -337,8 +337,10 @@ def test_objects_far_outside_the_window_are_not_read_unless_their_uid_matters() 
         "END:VEVENT\r\nEND:VCALENDAR\r\n"
     )
     objects = [("master.ics", event(uid="moved", start=far)), ("exception.ics", moved)]
-    found = read_calendar(calendar, config, objects, *WINDOW, variants=VARIANTS)
-    assert [(item.key, item.start) for item in found.reservations] == [("moved", START)]
+    origins = {"moved": (calendar.name, "master.ics")}
+    found = read_calendar(calendar, config, objects, *WINDOW, variants=VARIANTS, origins=origins)
+    assert found.reservations == ()
+    assert [item.key for item in found.rejected] == [f"moved/copy/{calendar.name}/exception.ics"]
 
 
 def test_the_template_catalog_is_read_from_the_template_folders_when_not_given() -> None:
@@ -518,18 +520,21 @@ def test_read_reservations_across_calendars_resolves_conflicts_and_duplicates() 
     found = read_reservations(
         config, objects, *WINDOW, variants=VARIANTS, first_seen=seen(early=1, late=2)
     )
-    # the copy of "early" in the second calendar counts once, from the first
+    # the copy of "early" in the second calendar is refused, the first calendar's counts
     assert [(item.key, item.calendar, item.gpus) for item in found.reservations] == [
         ("early", "first", 3)
     ]
-    assert [(item.key, item.calendar) for item in found.rejected] == [("late", "second")]
-    assert found.rejected[0].reason.startswith("overlaps 'alice' (early) which was booked first")
+    by_key = {item.key: item for item in found.rejected}
+    assert by_key.keys() == {"late", "early/copy/second/early"}
+    assert by_key["late"].reason.startswith("overlaps 'alice' (early) which was booked first")
+    assert "already a booking in calendar first" in by_key["early/copy/second/early"].reason
     # once "late" holds a session, it keeps it
     found = read_reservations(
         config, objects, *WINDOW, variants=VARIANTS, holding=frozenset({"late"})
     )
     assert [item.key for item in found.reservations] == ["late"]
-    assert found.rejected[0].reason.startswith("overlaps 'alice' (late) which already runs")
+    by_key = {item.key: item for item in found.rejected}
+    assert by_key["early"].reason.startswith("overlaps 'alice' (late) which already runs")
 
 
 # --- the command ------------------------------------------------------------------------------

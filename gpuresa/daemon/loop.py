@@ -257,9 +257,12 @@ class Loop(Rounds, Observing):
         )
         context = self.context
         now = context.clock()
-        holding = frozenset(
-            session.key for session in self.sessions if session.state in ("created", "running")
-        )
+        # what each prepared or running session was given: its labels' times
+        holding = {
+            session.key: (session.start, session.end)
+            for session in self.sessions
+            if session.state in ("created", "running")
+        }
         self._background(
             "poll",
             lambda: context.poll(now, holding),

@@ -8,7 +8,7 @@ outlive reloads.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 
 from gpuresa.config.sections import Config
@@ -21,6 +21,7 @@ from gpuresa.model import Rejection
 from gpuresa.outputs.duties import OutputDuties
 from gpuresa.outputs.service import OutputService
 from gpuresa.reservations.calendars import CalendarReport, Calendars
+from gpuresa.reservations.claims import Claims
 from gpuresa.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -61,22 +62,33 @@ class Context:
         return host.public_name or host.name
 
     def poll(
-        self, now: datetime, holding: frozenset[str]
+        self, now: datetime, holding: Mapping[str, tuple[datetime, datetime]]
     ) -> tuple[CalendarReport, list[Rejection]]:
         """Read the calendars and journal what they say (on the poll thread).
 
-        `holding`: keys with a prepared or running session, which keep their
-        slot in an over-booking. Returns the report and the rejections that are
-        new (or have a new reason), whose users are told.
+        `holding`: the interval each prepared or running session was given
+        (by key), which it keeps in an over-booking whatever its booking now
+        says. Returns the report and the rejections that are new (or have a
+        new reason), whose users are told.
         """
         host = self.config.daemon.host
         # a booking that had its session keeps its slot after the session too: the one it
         # beat must not start for the rest of the time, nor its user be told it lost late
-        held = {
-            key for key, state in self.journal.states().items() if state in HELD_STATES
-        } | holding
+        journal = self.journal
+        held = {key for key, state in journal.states().items() if state in HELD_STATES}
+        recent = now - self.config.reservations.window_past
+        granted = {
+            row.key: (row.start, row.end)
+            for row in journal.reservations(ending_after=recent)
+            if row.key in held
+        }
+        granted.update(holding)
+        claims = Claims(granted=granted, ended=journal.ended_times(), origins=journal.origins())
         report = self.calendars.poll(
-            now, first_seen=self.journal.first_seen_times(), holding=frozenset(held)
+            now,
+            first_seen=journal.first_seen_times(),
+            holding=frozenset(held | holding.keys()),
+            claims=claims,
         )
         found = report.reservations
         new_rejections = self.journal.record_reservations(found.reservations, found.rejected, now)

@@ -171,6 +171,10 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "WHERE sent_at IS NULL AND dropped_at IS NULL",
         "CREATE INDEX reservations_by_end ON reservations (end_at)",
     ),
+    (
+        # the object a booking came from: of two objects holding one UID, the first keeps it
+        "ALTER TABLE reservations ADD COLUMN href TEXT NOT NULL DEFAULT ''",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 # what a journal of this version holds; a file that claims the version and lacks one is damaged
@@ -463,8 +467,8 @@ class Journal(OutboxTable):
                     """
                     INSERT INTO reservations (key, uid, recurrence_id, calendar, host, user,
                         template, cuda, gpus, start_at, end_at, email, summary, created, stamp,
-                        tentative, first_seen, last_seen)
-                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                        tentative, first_seen, last_seen, href)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                     ON CONFLICT (key) DO UPDATE SET
                         uid = excluded.uid, recurrence_id = excluded.recurrence_id,
                         calendar = excluded.calendar, host = excluded.host,
@@ -473,7 +477,9 @@ class Journal(OutboxTable):
                         start_at = excluded.start_at, end_at = excluded.end_at,
                         email = excluded.email, summary = excluded.summary,
                         created = excluded.created, stamp = excluded.stamp,
-                        tentative = excluded.tentative, last_seen = excluded.last_seen
+                        tentative = excluded.tentative, last_seen = excluded.last_seen,
+                        href = CASE WHEN reservations.href = '' THEN excluded.href
+                            ELSE reservations.href END
                     """,
                     (
                         reservation.key,
@@ -495,6 +501,7 @@ class Journal(OutboxTable):
                         # a booking rejected before keeps the time gpuresa first saw it
                         _first_seen(connection, reservation.key, seen),
                         seen,
+                        reservation.href,
                     ),
                 )
                 # the booking was fixed: it is no longer rejected
@@ -595,6 +602,30 @@ class Journal(OutboxTable):
             """
         )
         return {str(row["key"]): from_text(row["first_seen"]) for row in rows}
+
+    def origins(self) -> dict[str, tuple[str, str]]:
+        """Where gpuresa first saw each UID as a reservation: (calendar, object href).
+
+        What decides between copies of one UID (see `gpuresa.reservations.claims`): the
+        copy in that calendar and object keeps the booking.
+        """
+        rows = self._query(
+            "SELECT uid, calendar, href, first_seen FROM reservations ORDER BY first_seen DESC"
+        )
+        # the earliest row of each UID comes last, so it is the one kept
+        return {str(row["uid"]): (str(row["calendar"]), str(row["href"])) for row in rows}
+
+    def ended_times(self) -> dict[str, tuple[datetime, datetime]]:
+        """The times each booking whose session ended had when it ended, by key."""
+        rows = self._query(
+            """
+            SELECT reservations.key, start_at, end_at FROM reservations
+            JOIN states ON states.key = reservations.key WHERE states.state = 'ended'
+            """
+        )
+        return {
+            str(row["key"]): (from_text(row["start_at"]), from_text(row["end_at"])) for row in rows
+        }
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -855,4 +886,5 @@ def _reservation(row: sqlite3.Row) -> Reservation:
         created=optional_time(row["created"]),
         stamp=optional_time(row["stamp"]),
         tentative=bool(row["tentative"]),
+        href=row["href"],
     )

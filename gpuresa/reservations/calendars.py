@@ -21,6 +21,7 @@ from types import MappingProxyType
 
 from gpuresa.config.sections import Config
 from gpuresa.model import ReservationSet
+from gpuresa.reservations.claims import Claims
 from gpuresa.reservations.rules import read_reservations
 from gpuresa.reservations.sources import CalendarSource, SourceError, open_source
 
@@ -78,12 +79,15 @@ class Calendars:
         *,
         first_seen: Mapping[str, datetime] = _NOTHING_SEEN,
         holding: AbstractSet[str] = frozenset(),
+        claims: Claims | None = None,
     ) -> CalendarReport:
         """Poll every calendar, then read them all over the window around `now`.
 
         `first_seen` (when gpuresa first saw each key: the journal's
         `first_seen_times()`) and `holding` (the keys whose session is
-        prepared or running) decide over-booking. Never raises for a
+        prepared or running) decide over-booking; `claims`, what the journal
+        knows of granted times, ended bookings and where each UID was first
+        seen (see `gpuresa.reservations.claims`). Never raises for a
         calendar's failure: that calendar's last snapshot is used and its
         freshness carries the reason.
         """
@@ -102,7 +106,7 @@ class Calendars:
                 log.info("calendar %s: reachable again", name)
             self.errors[name] = None
             objects[name] = result.objects
-        return self._report(objects, now, first_seen, holding)
+        return self._report(objects, now, first_seen, holding, claims)
 
     def from_snapshots(
         self,
@@ -110,10 +114,11 @@ class Calendars:
         *,
         first_seen: Mapping[str, datetime] = _NOTHING_SEEN,
         holding: AbstractSet[str] = frozenset(),
+        claims: Claims | None = None,
     ) -> CalendarReport:
         """What the snapshots on disk say, without asking any server (for a start-up)."""
         objects = {name: source.snapshot() for name, source in self.sources.items()}
-        return self._report(objects, now, first_seen, holding)
+        return self._report(objects, now, first_seen, holding, claims)
 
     def _report(
         self,
@@ -121,8 +126,10 @@ class Calendars:
         now: datetime,
         first_seen: Mapping[str, datetime],
         holding: AbstractSet[str],
+        claims: Claims | None = None,
     ) -> CalendarReport:
         window = self.config.reservations
+        claims = claims or Claims()
         found = read_reservations(
             self.config,
             {name: list(items.items()) for name, items in objects.items()},
@@ -130,6 +137,9 @@ class Calendars:
             now + window.window_ahead,
             first_seen=first_seen,
             holding=holding,
+            granted=claims.granted,
+            ended=claims.ended,
+            origins=claims.origins,
         )
         freshness = {}
         for name, source in self.sources.items():

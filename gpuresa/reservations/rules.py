@@ -56,6 +56,7 @@ from gpuresa.ical.events import (
     read_stamp,
 )
 from gpuresa.model import Rejection, Reservation, ReservationSet, occurrence_key
+from gpuresa.reservations.claims import first_calendars, first_copies, moved_after_end
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,13 @@ _KEY_SPELLING = str.maketrans("", "", " \t_-")
 _SUMMARY_LIMIT = 1000
 _LATEST = datetime.max.replace(tzinfo=UTC)
 _NOTHING_SEEN: Mapping[str, datetime] = MappingProxyType({})
+_NOTHING_GRANTED: Mapping[str, tuple[datetime, datetime]] = MappingProxyType({})
 _UNSAFE_UID = re.compile(r"[\x00-\x1f\x7f/\\]")
+# keys of ad-hoc sessions and benches, which a UID must not take
+_INTERNAL_PREFIXES = ("adhoc-", "bench:")
+# "<uid>@<recurrence id>" is the key of a series' occurrence: no single event's UID
+_OCCURRENCE_SUFFIX = re.compile(r"@[0-9]{8}(?:T[0-9]{6}Z?)?$")
+_NO_ORIGINS: Mapping[str, tuple[str, str]] = MappingProxyType({})
 
 
 @contextlib.contextmanager
@@ -133,6 +140,7 @@ def read_calendar(
     window_end: datetime,
     *,
     variants: Mapping[str, tuple[str, ...]] | None = None,
+    origins: Mapping[str, tuple[str, str]] = _NO_ORIGINS,
 ) -> ReservationSet:
     """The reservations and rejections of one calendar over [window_start, window_end).
 
@@ -147,7 +155,10 @@ def read_calendar(
     `gpuresa.ical.events.outside_window`), so their flaws go unreported until their
     time comes near. `variants` is the template catalog
     (template -> CUDA variants, first = default); None reads it from disk.
-    Never raises for anything in the calendar's text.
+    `origins`: where gpuresa first saw each UID ((calendar, href), from the
+    journal): a UID in several objects counts in that one alone (see
+    `gpuresa.reservations.claims.first_copies`). Never raises for anything in the
+    calendar's text.
     """
     if variants is None:
         from gpuresa.reservations.catalog import template_variants
@@ -158,7 +169,16 @@ def read_calendar(
     reservations: list[Reservation] = []
     rejected: list[Rejection] = []
     with _cycle_collection_paused():
-        parsed = _read_objects(objects, window_start, window_end)
+        parsed, copies = first_copies(
+            calendar.name, _read_objects(objects, window_start, window_end), origins
+        )
+        rejected.extend(copies)
+        reader.masters = {
+            component.uid: component
+            for _, item in parsed
+            for component in item.events
+            if component.first("RECURRENCE-ID") is None
+        }
         occurrences, problems = expand(parsed, window_start, window_end, site_zone)
         for problem in problems:
             rejected.append(reader.reject_problem(problem))
@@ -231,6 +251,8 @@ class _BookingReader:
         self.max_duration = config.reservations.max_duration
         # a series' occurrences share their VEVENT: read it once
         self.bookings: dict[int, _Booking] = {}
+        # each UID's series, whose login its overrides may not change
+        self.masters: dict[str, Component] = {}
 
     def occurrence(self, occurrence: Occurrence) -> Reservation | Rejection | None:
         """The reservation one occurrence asks for, its rejection, or None (tentative)."""
@@ -240,6 +262,14 @@ class _BookingReader:
             log.debug("%s: tentative (awaiting approval), not a reservation yet", key)
             return None
         problems = list(booking.problems)
+        master = self.masters.get(occurrence.uid)
+        if master is not None and master is not occurrence.component:
+            owner = self.booking(master, occurrence.uid).user
+            if owner is not None and booking.user != owner:
+                problems.append(
+                    f"this occurrence names {booking.user or 'another login'}, but the "
+                    f"booking is {owner}'s: an occurrence cannot be given to someone else"
+                )
         length = occurrence.end - occurrence.start
         if length < timedelta(0):
             problems.append("it ends before it starts")
@@ -284,6 +314,7 @@ class _BookingReader:
             stamp=booking.stamp,
             tentative=booking.tentative,
             uid_derived=occurrence.component.uid_derived,
+            href=occurrence.href,
         )
 
     def reject_problem(self, problem: Problem) -> Rejection:
@@ -326,6 +357,11 @@ class _BookingReader:
             problems.append(
                 "the event's UID cannot name a reservation (it has '/', '\\' or control "
                 "characters, or is longer than 255)"
+            )
+        elif uid and (uid.startswith(_INTERNAL_PREFIXES) or _OCCURRENCE_SUFFIX.search(uid)):
+            problems.append(
+                "the event's UID cannot name a reservation (it starts like a key gpuresa "
+                "keeps for itself, or ends like the key of an occurrence of a series)"
             )
         from_regex: dict[str, str] = {}
         if self.summary_regex is not None:
@@ -604,6 +640,7 @@ def resolve_conflicts(
     *,
     first_seen: Mapping[str, datetime] = _NOTHING_SEEN,
     holding: AbstractSet[str] = frozenset(),
+    granted: Mapping[str, tuple[datetime, datetime]] = _NOTHING_GRANTED,
 ) -> ReservationSet:
     """Decide over-booking: on each host, the bookings with the better claim keep their GPUs.
 
@@ -618,6 +655,13 @@ def resolve_conflicts(
     booking into the slot of a running one never stops the running one.
     Hosts whose GPU count gpuresa does not know (`host_gpu_count` is None)
     keep everything: their runtime decides.
+
+    `granted` holds the interval each prepared, running or ended session was
+    given (by key; such a key counts as holding). A booking holds its granted
+    time, not its rank: the part of its new times inside that interval comes
+    first, the rest (a growth) is weighed after every other booking; a growth
+    that does not fit is refused alone (a rejection keyed `<key>/growth`) and
+    the booking is kept within its granted time. Shortening is always taken.
     """
     hosts = {host.name: host for host in config.hosts}
     kept: list[Reservation] = []
@@ -632,7 +676,17 @@ def resolve_conflicts(
             kept.extend(candidates)
             continue
         kept_here = _Timeline()
-        candidates.sort(key=lambda item: _booking_order(item, first_seen, holding))
+        # a booking moved wholly out of its granted time holds nothing, like any other
+        holders = set(holding) | {
+            item.key
+            for item in candidates
+            if item.key in granted
+            and item.start < granted[item.key][1]
+            and granted[item.key][0] < item.end
+        }
+        candidates.sort(key=lambda item: _booking_order(item, first_seen, holders))
+        # what holders were granted comes first; their growth, last
+        candidates, growths = _granted_first(candidates, granted)
         for reservation in candidates:
             if reservation.gpus > count:
                 # read_calendar rejects these already; a caller's own list may hold one
@@ -644,23 +698,91 @@ def resolve_conflicts(
                     kept.append(reservation)
                     continue
                 used, winner = blocking
-                reason = _conflict_reason(reservation, winner, used, count, first_seen, holding)
+                reason = _conflict_reason(reservation, winner, used, count, first_seen, holders)
             log.debug("%s: rejected: %s", reservation.key, reason)
-            rejected.append(
-                Rejection(
-                    key=reservation.key,
-                    uid=reservation.uid,
-                    calendar=reservation.calendar,
-                    reason=reason,
-                    user=reservation.user,
-                    email=reservation.email,
-                    start=reservation.start,
-                    end=reservation.end,
-                )
-            )
+            rejected.append(_rejection(reservation, reason))
+        for clipped, whole in growths:
+            if clipped not in kept:
+                continue
+            refusal = _grow(clipped, whole, kept_here, count, first_seen, holders)
+            if refusal is None:
+                kept[kept.index(clipped)] = whole
+            else:
+                log.debug("%s: growth refused: %s", whole.key, refusal.reason)
+                rejected.append(refusal)
     kept.sort(key=_reservation_order)
     rejected.sort(key=_rejection_order)
     return ReservationSet(tuple(kept), tuple(rejected))
+
+
+def _rejection(reservation: Reservation, reason: str, key: str | None = None) -> Rejection:
+    return Rejection(
+        key=key or reservation.key,
+        uid=reservation.uid,
+        calendar=reservation.calendar,
+        reason=reason,
+        user=reservation.user,
+        email=reservation.email,
+        start=reservation.start,
+        end=reservation.end,
+    )
+
+
+def _granted_first(
+    candidates: list[Reservation], granted: Mapping[str, tuple[datetime, datetime]]
+) -> tuple[list[Reservation], list[tuple[Reservation, Reservation]]]:
+    """The candidates with each holder cut to its granted time, and the holders that grew.
+
+    Given candidates in `_booking_order`; returns them with each booking whose
+    new times meet its granted interval replaced by their intersection, and
+    (cut, whole) for each whose new times reach beyond it. A booking moved
+    wholly out of its granted time stays as it is.
+    """
+    order: list[Reservation] = []
+    growths: list[tuple[Reservation, Reservation]] = []
+    for reservation in candidates:
+        interval = granted.get(reservation.key)
+        start, end = reservation.start, reservation.end
+        if interval is not None:
+            start, end = max(start, interval[0]), min(end, interval[1])
+        if interval is None or start >= end:
+            order.append(reservation)
+            continue
+        cut = replace(reservation, start=start, end=end)
+        order.append(cut)
+        if cut != reservation:
+            growths.append((cut, reservation))
+    return order, growths
+
+
+def _grow(
+    cut: Reservation,
+    whole: Reservation,
+    timeline: _Timeline,
+    count: int,
+    first_seen: Mapping[str, datetime],
+    holders: AbstractSet[str],
+) -> Rejection | None:
+    """Add what `whole` asks beyond its granted `cut`, or the refusal of that growth."""
+    parts = [
+        replace(whole, start=start, end=end)
+        for start, end in ((whole.start, cut.start), (cut.end, whole.end))
+        if start < end
+    ]
+    for part in parts:
+        blocking = timeline.blocking(part, count)
+        if blocking is not None:
+            used, winner = blocking
+            why = _conflict_reason(part, winner, used, count, first_seen, holders)
+            reason = (
+                f"the change to {whole.start.isoformat()} – {whole.end.isoformat()} is not "
+                f"taken; the session keeps {cut.start.isoformat()} – {cut.end.isoformat()}, "
+                f"the time it was given: the new time {why}"
+            )
+            return _rejection(whole, reason, key=f"{whole.key}/growth")
+    for part in parts:
+        timeline.add(part)
+    return None
 
 
 class _Timeline:
@@ -716,24 +838,32 @@ def read_reservations(
     variants: Mapping[str, tuple[str, ...]] | None = None,
     first_seen: Mapping[str, datetime] = _NOTHING_SEEN,
     holding: AbstractSet[str] = frozenset(),
+    granted: Mapping[str, tuple[datetime, datetime]] = _NOTHING_GRANTED,
+    ended: Mapping[str, tuple[datetime, datetime]] = _NOTHING_GRANTED,
+    origins: Mapping[str, tuple[str, str]] = _NO_ORIGINS,
 ) -> ReservationSet:
     """What all calendars ask for over the window, with over-booking decided.
 
     Given each configured calendar's objects by calendar name (calendars
     missing from the mapping are skipped), and, for over-booking, when each
     key was first seen and which keys hold a session (see
-    `resolve_conflicts`), returns the kept reservations
+    `resolve_conflicts`; `granted`: the interval each session was given),
+    and the times of the bookings whose session ended (`ended`: an ended
+    occurrence never runs again; moved, it is a new booking, see
+    `gpuresa.reservations.claims.moved_after_end`), returns the kept reservations
     sorted by start then key, and every rejection (unreadable, invalid or
-    conflicting). An event found in two calendars (same UID) counts once, in
-    the calendar listed first in the config; the copy is logged and ignored.
+    conflicting). A UID found in two calendars or objects counts once, where
+    gpuresa first saw it (`origins`, see `gpuresa.reservations.claims`); every other copy
+    is refused with its reason.
     """
     if variants is None:
         from gpuresa.reservations.catalog import template_variants
 
         variants = template_variants(config)
     with _cycle_collection_paused():
-        found = _read_all(config, objects_by_calendar, window_start, window_end, variants)
-    return _resolve(found, config, first_seen, holding)
+        found = _read_all(config, objects_by_calendar, window_start, window_end, variants, origins)
+    found = replace(found, reservations=moved_after_end(found.reservations, ended))
+    return _resolve(found, config, first_seen, holding, granted)
 
 
 def _read_all(
@@ -742,29 +872,22 @@ def _read_all(
     window_start: datetime,
     window_end: datetime,
     variants: Mapping[str, tuple[str, ...]],
+    origins: Mapping[str, tuple[str, str]],
 ) -> ReservationSet:
-    everything: list[Reservation] = []
     rejected: list[Rejection] = []
-    seen: dict[str, str] = {}
+    by_calendar: dict[str, tuple[Reservation, ...]] = {}
     for calendar in config.calendars:
         objects = objects_by_calendar.get(calendar.name)
         if objects is None:
             continue
         found = read_calendar(
-            calendar, config, objects, window_start, window_end, variants=variants
+            calendar, config, objects, window_start, window_end, variants=variants, origins=origins
         )
-        for reservation in found.reservations:
-            first = seen.setdefault(reservation.key, calendar.name)
-            if first != calendar.name:
-                log.debug(
-                    "%s: also in calendar %s; counted once, from calendar %s",
-                    reservation.key,
-                    calendar.name,
-                    first,
-                )
-                continue
-            everything.append(reservation)
+        by_calendar[calendar.name] = found.reservations
         rejected.extend(found.rejected)
+    order = [calendar.name for calendar in config.calendars]
+    everything, copies = first_calendars(by_calendar, order, origins)
+    rejected.extend(copies)
     for name in objects_by_calendar:
         if name not in {calendar.name for calendar in config.calendars}:
             log.warning("objects given for calendar %r, which the config does not list", name)
@@ -776,8 +899,11 @@ def _resolve(
     config: Config,
     first_seen: Mapping[str, datetime],
     holding: AbstractSet[str],
+    granted: Mapping[str, tuple[datetime, datetime]] = _NOTHING_GRANTED,
 ) -> ReservationSet:
     """`found`'s reservations with over-booking decided; its rejections kept."""
-    resolved = resolve_conflicts(found.reservations, config, first_seen=first_seen, holding=holding)
+    resolved = resolve_conflicts(
+        found.reservations, config, first_seen=first_seen, holding=holding, granted=granted
+    )
     rejected = sorted((*found.rejected, *resolved.rejected), key=_rejection_order)
     return replace(resolved, rejected=tuple(rejected))
