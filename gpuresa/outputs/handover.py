@@ -23,7 +23,7 @@ from gpuresa.model import Session
 from gpuresa.outputs.owners import output_owner, prepare_login_folder
 from gpuresa.outputs.records import OutputRecords
 from gpuresa.runtime.output import hand_over
-from gpuresa.runtime.output_area import Pending, forget, pending, running_path
+from gpuresa.runtime.output_area import Pending, forget, pending, stored_path
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +37,8 @@ def finish_output(config: Config, session: Session, now: datetime | None = None)
     Returns whether the output is in its final place. Logs, never raises: a
     stop must finish whatever happens to its output.
     """
-    running = running_path(config, session.key)
-    item = Pending(session.key, session.user, running, session.output_dir)
+    stored = stored_path(config, session.key)
+    item = Pending(session.key, session.user, stored, session.output_dir)
     return _finish(config, item, now or datetime.now(UTC)) is None
 
 

@@ -8,7 +8,8 @@ is not in its final place but in `<output_root>/.running/<safe key>`:
 
 - `.running` is root's, mode 0700: no host account reaches a running output,
   whatever modes the session gives its own files;
-- `.running` is a mount of its own (bound onto itself) with nosuid and nodev,
+- `.running` is a mount of its own (a bind of `.running-store`, the real
+  folder, also root's and 0700) with nosuid and nodev,
   and every bind mount of a folder below it (the session's main container and
   FTP sidecar) inherits both flags, which a user namespace cannot clear: a
   set-uid file or a device node made there does nothing, in the session or out;
@@ -18,7 +19,9 @@ is not in its final place but in `<output_root>/.running/<safe key>`:
 
 At the end the tree is handed over in place (see `gpuresa.outputs.tree`:
 owner changed, privilege bits and capabilities cleared, at any depth) and
-only then renamed to its final path, on the same filesystem.
+only then renamed to its final path through `.running-store`: a rename across
+two mounts fails (EXDEV) even on one filesystem, so it never goes through
+the `.running` mount.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from gpuresa.runtime.payload import safe_key
 log = logging.getLogger(__name__)
 
 RUNNING_FOLDER = ".running"
+STORE_FOLDER = ".running-store"
 AREA_MODE = 0o700
 # <sys/mount.h>
 MS_NOSUID = 0x2
@@ -67,13 +71,23 @@ def area(config: Config) -> Path:
     return config.storage.output_root / RUNNING_FOLDER
 
 
+def store(config: Config) -> Path:
+    """`<output_root>/.running-store`: the real folder behind the `.running` mount."""
+    return config.storage.output_root / STORE_FOLDER
+
+
 def running_path(config: Config, key: str) -> Path:
-    """Where session `key`'s output lives until it is handed over."""
+    """Session `key`'s output seen through the nosuid mount: what its containers bind."""
     return area(config) / safe_key(key)
 
 
+def stored_path(config: Config, key: str) -> Path:
+    """Session `key`'s output on the output root's own mount: what is renamed."""
+    return store(config) / safe_key(key)
+
+
 def _record_path(config: Config, key: str) -> Path:
-    return area(config) / f"{safe_key(key)}.json"
+    return store(config) / f"{safe_key(key)}.json"
 
 
 def _mount(source: str | None, target: Path, flags: int) -> None:
@@ -113,11 +127,12 @@ def ensure_area(config: Config) -> Path:
     path = area(config)
     try:
         config.storage.output_root.mkdir(parents=True, exist_ok=True)
-        if path.is_symlink():
-            raise SessionError(f"{path} is a symbolic link; refusing to use it")
-        path.mkdir(mode=AREA_MODE, exist_ok=True)
-        os.lchown(path, 0, 0)
-        os.chmod(path, AREA_MODE)
+        for folder in (store(config), path):
+            if folder.is_symlink():
+                raise SessionError(f"{folder} is a symbolic link; refusing to use it")
+            folder.mkdir(mode=AREA_MODE, exist_ok=True)
+            os.lchown(folder, 0, 0)
+            os.chmod(folder, AREA_MODE)
         if area_problem(path) is None:
             return path
         if not _in_host_namespace():
@@ -127,7 +142,7 @@ def ensure_area(config: Config) -> Path:
                 "as root (the unit's ExecStartPre does)"
             )
         if mount_of(path, HOST_MOUNTINFO.read_text()).point != path.resolve():
-            _mount(str(path), path, MS_BIND)
+            _mount(str(store(config)), path, MS_BIND)
         _mount(None, path, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV)
         problem = area_problem(path)
     except OSError as error:
@@ -177,7 +192,7 @@ def pending(config: Config) -> list[Pending]:
     """Every output still in the running area, with where it goes (unreadable records skipped)."""
     found = []
     try:
-        records = sorted(area(config).glob("*.json"))
+        records = sorted(store(config).glob("*.json"))
     except OSError:
         return []
     for record in records:
@@ -187,5 +202,5 @@ def pending(config: Config) -> list[Pending]:
         except (OSError, ValueError, KeyError, TypeError) as error:
             log.error("unreadable record of a running output %s: %s", record, error)
             continue
-        found.append(Pending(key, user, running_path(config, key), final))
+        found.append(Pending(key, user, stored_path(config, key), final))
     return found

@@ -22,7 +22,7 @@ from gpuresa.runtime.errors import EngineTimeout, ImageMissing, PortRefused, Ses
 from gpuresa.runtime.gpus import host_gpu_access
 from gpuresa.runtime.lookup import Found, container_name, status
 from gpuresa.runtime.output import make_output_folder, output_path, prepare_output, take_back
-from gpuresa.runtime.output_area import ensure_area, remember, running_path
+from gpuresa.runtime.output_area import ensure_area, remember, running_path, stored_path
 from gpuresa.runtime.payload import (
     FTP_ROLE,
     MAIN_ROLE,
@@ -91,7 +91,7 @@ def prepare_session(
     output_dir = output_path(runtime.config, spec)
     ensure_area(runtime.config)
     running = running_path(runtime.config, key)
-    take_back(output_dir, running, key)
+    take_back(output_dir, stored_path(runtime.config, key), key)
     make_output_folder(running)
     remember(runtime.config, key, spec.user, output_dir)
     apply_session_quota(runtime.config, running, key)
