@@ -377,3 +377,14 @@ def _no_inherited_config(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
     monkeypatch.delenv("JOURNAL_STREAM", raising=False)
     os.environ.setdefault("TZ", "UTC")
+
+
+@pytest.fixture(autouse=True)
+def _running_areas_unmounted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Sessions bind each output root's `.running` onto itself: unmount the test's after it."""
+    yield
+    base = str(tmp_path_factory.getbasetemp())
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4].replace("\\040", " ")
+        if point.startswith(base) and point.endswith("/.running"):
+            subprocess.run(["umount", "-l", point], check=False, capture_output=True)

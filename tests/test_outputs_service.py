@@ -38,6 +38,7 @@ from gpuresa.outputs.credentials import HostCredentials, known_hosts_lines
 from gpuresa.outputs.messages import start_details
 from gpuresa.outputs.owners import output_owner
 from gpuresa.outputs.service import OutputService
+from gpuresa.runtime.output_area import running_path
 
 __all__ = ["host_login"]  # a fixture of test_runtime.py, used here too
 
@@ -351,7 +352,8 @@ def test_sftp_inside_a_session_reads_and_writes_the_output(site: Site) -> None:
         sftp.close()
     finally:
         client.close()
-    assert (session.output_dir / "over-sftp.txt").read_bytes() == b"written over sftp\n"
+    written = running_path(site.config, session.key) / "over-sftp.txt"
+    assert written.read_bytes() == b"written over sftp\n"
 
 
 def test_a_host_account_gets_its_output_and_the_service_serves_it(

@@ -48,6 +48,7 @@ from gpuresa.runtime import Runtime, RuntimeUnavailable, SessionError
 from gpuresa.runtime.engine import Engine, EngineRefused
 from gpuresa.runtime.namespaces import require_user_namespaces
 from gpuresa.runtime.output import remap_base
+from gpuresa.runtime.output_area import running_path
 from gpuresa.runtime.payload import session_name
 
 LOGINS = ("alice", "bob")
@@ -219,6 +220,11 @@ def host_uid(site: Site, session: Session, uid: int) -> int:
 # --- how users get in -------------------------------------------------------------------------
 
 
+def running_output(site: Site, session: Session) -> Path:
+    """Where a running session's output is on the host (root-only until the hand-over)."""
+    return running_path(site.config, session.key)
+
+
 @contextlib.contextmanager
 def ssh_login(
     session: Session, login: str, key: paramiko.PKey | None = None, password: str | None = None
@@ -325,7 +331,8 @@ def test_a_session_gives_ssh_with_sudo_inputs_and_ftp(site: Site) -> None:
     # on the host, the output belongs to the container user's remapped uid
     uid = int(site.client.containers.get(session.containers[0]).labels["gpuresa.uid"])
     for name in ("from-ssh.txt", "from-ftp.txt"):
-        assert (session.output_dir / name).stat().st_uid == host_uid(site, session, uid)
+        written = running_output(site, session) / name
+        assert written.stat().st_uid == host_uid(site, session, uid)
     assert session.output_dir.is_relative_to(site.root / "output" / "alice")
 
 
@@ -470,7 +477,7 @@ def test_stop_hands_the_output_to_the_users_host_account(
         # the login has the same uid inside as on the host
         assert run(client, "id -u")[1].strip() == str(account.pw_uid)
         run(client, "mkdir /output/run1 && echo done > /output/run1/log.txt")
-    log_owner = (session.output_dir / "run1" / "log.txt").stat().st_uid
+    log_owner = (running_output(site, session) / "run1" / "log.txt").stat().st_uid
     assert log_owner == host_uid(site, session, account.pw_uid)
     runtime.stop(session.key, timedelta(seconds=2))
     for path in (

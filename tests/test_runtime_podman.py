@@ -25,6 +25,7 @@ from test_runtime import (  # noqa: F401  (the fixtures `built` and `site`)
     leftovers,
     make_site,
     run,
+    running_output,
     site_fixture,
     ssh_login,
 )
@@ -53,15 +54,16 @@ def test_two_sessions_of_one_login_get_host_ids_of_their_own_on_podman(site: Sit
         assert run(client, "echo mine > /output/result.txt; chmod 644 /output/result.txt")[0] == 0
     with ftp_login(second, second.ftp_user, second.ftp_password) as ftp:
         ftp.storbinary("STOR upload.txt", io.BytesIO(b"uploaded\n"))
-    owner_first = (first.output_dir / "result.txt").stat().st_uid
-    owner_second = (second.output_dir / "upload.txt").stat().st_uid
+    first_output, second_output = running_output(site, first), running_output(site, second)
+    owner_first = (first_output / "result.txt").stat().st_uid
+    owner_second = (second_output / "upload.txt").stat().st_uid
     assert owner_first == host_uid(site, first, uid)
     assert owner_second == host_uid(site, second, uid)
 
     # a path both sessions see (a hard link made by the host's root, standing for any
     # folder two sessions share): the second session's root tries to change the file
-    shared = second.output_dir / "shared.txt"
-    os.link(first.output_dir / "result.txt", shared)
+    shared = second_output / "shared.txt"
+    os.link(first_output / "result.txt", shared)
     with ssh_login(second, "alice", site.key("alice")) as client:
         code, output = run(client, "sudo -n sh -c 'echo changed >> /output/shared.txt' 2>&1")
         chown_code, _ = run(client, "sudo -n chown root /output/shared.txt 2>&1")
@@ -74,12 +76,12 @@ def test_two_sessions_of_one_login_get_host_ids_of_their_own_on_podman(site: Sit
         # the file's owner is not mapped in the second session: its root is nobody there
         assert code != 0 and "Permission denied" in output, output
         assert chown_code != 0
-        assert (first.output_dir / "result.txt").read_text() == "mine\n"
+        assert (first_output / "result.txt").read_text() == "mine\n"
     else:
         # userns-remap: one range for all, so the other session's root writes the file
         assert first.id_range == second.id_range and owner_first == owner_second
         assert code == 0 and chown_code == 0
-        assert (first.output_dir / "result.txt").read_text() == "mine\nchanged\n"
+        assert (first_output / "result.txt").read_text() == "mine\nchanged\n"
 
 
 def test_podman_ranges_survive_a_restart_and_show_in_status(

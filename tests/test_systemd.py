@@ -211,6 +211,7 @@ def test_the_unit_verifies(tmp_path: Path) -> None:
     stand_in.chmod(0o755)
     copy = tmp_path / "gpuresa.service"
     [exec_start] = [line for line in text.splitlines() if line.startswith("ExecStart=")]
+    text = text.replace("+/usr/local/bin/gpuresa ", f"+{stand_in} ")
     copy.write_text(text.replace(exec_start, f"ExecStart={stand_in} run"))
     result = subprocess.run(
         [analyze, "verify", str(copy)], capture_output=True, text=True, timeout=60

@@ -24,12 +24,23 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     show.set_defaults(handler=show_command)
 
 
+# what separates two sessions on each engine (README, "Isolation of outputs")
+ISOLATION = {
+    "docker": "docker userns-remap (one host uid is root in every session; outputs "
+    "root-only and nosuid,nodev while running, privileges cleared at hand-over)",
+    "podman": "podman userns=auto (a host id range per session; outputs root-only and "
+    "nosuid,nodev while running, privileges cleared at hand-over)",
+}
+
+
 def validate_command(arguments: argparse.Namespace) -> int:
     config = load_config(arguments.config)
     print(
         f"{config.source}: OK ({len(config.calendars)} calendar(s), "
         f"{len(config.hosts)} host(s), this daemon manages {config.daemon.host!r})"
     )
+    for host in config.hosts:
+        print(f"host {host.name}: isolation: {ISOLATION[host.engine]}")
     # what is valid but will not work as meant on this machine (the output disk)
     from gpuresa.outputs.disk import disk_warnings
 

@@ -1,4 +1,4 @@
-"""`gpuresa outputs list|prune|serve`: finished outputs, their retention, the output service."""
+"""`gpuresa outputs list|prune|serve|prepare-area`: finished and running outputs."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from gpuresa.outputs.disk import disk_warnings
 from gpuresa.outputs.records import OutputFolder, folder_bytes
 from gpuresa.outputs.service import OutputService
 from gpuresa.runtime import Runtime, SessionError
+from gpuresa.runtime.output_area import ensure_area
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -31,6 +32,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     serve = actions.add_parser("serve", help="start or check the output service (SFTP)")
     serve.set_defaults(handler=serve_command)
+
+    area = actions.add_parser(
+        "prepare-area", help="make the running outputs' folder a root-only nosuid,nodev mount"
+    )
+    area.set_defaults(handler=prepare_area_command)
 
 
 def _service(arguments: argparse.Namespace) -> OutputService:
@@ -94,4 +100,15 @@ def serve_command(arguments: argparse.Namespace) -> int:
         except SessionError as error:
             raise UserError(f"the output service could not be started: {error}") from None
     print(f"output service {state.action} on port {state.port} for {len(state.logins)} login(s)")
+    return 0
+
+
+def prepare_area_command(arguments: argparse.Namespace) -> int:
+    """Make `<output_root>/.running` root-only, nosuid and nodev (the unit's ExecStartPre)."""
+    config = load_config(arguments.config)
+    try:
+        path = ensure_area(config)
+    except SessionError as error:
+        raise UserError(str(error)) from None
+    print(f"running outputs are kept in {path} (root only, nosuid, nodev)")
     return 0

@@ -18,6 +18,7 @@ from datetime import datetime
 from gpuresa.errors import UserError
 from gpuresa.model import Session
 from gpuresa.outputs.disk import DiskState, Level
+from gpuresa.outputs.handover import retry_pending
 from gpuresa.outputs.messages import (
     disk_admin_message,
     disk_warning_message,
@@ -65,6 +66,7 @@ class OutputDuties:
         except (SessionError, RuntimeUnavailable, OSError) as error:
             log.error("the output service is not running: %s", error)
             parts.append("output service DOWN")
+        parts.append(self._hand_overs(now, sessions, to_admin))
         try:
             parts.append(self._notices_and_removals(now, to_user))
         except (RuntimeUnavailable, OSError) as error:
@@ -76,6 +78,27 @@ class OutputDuties:
         except OSError as error:
             log.error("cannot measure the output disk: %s", error)
         return "; ".join(parts)
+
+    def _hand_overs(self, now: datetime, sessions: Sequence[Session], to_admin: ToAdmin) -> str:
+        """Retry the hand-overs that failed (their outputs wait where only root reaches them)."""
+        host = self.service.config.daemon.host
+
+        def report(key: str, problem: str) -> None:
+            subject = f"output of {key} not handed over on {host}"
+            body = (
+                f"The output of session {key} could not be handed to its owner: {problem}.\n"
+                "It stays where only root can reach it, and gpuresa tries again every round.\n"
+            )
+            to_admin(key, "output-hand-over", subject, body)
+
+        try:
+            done = retry_pending(
+                self.service.config, {session.key for session in sessions}, report, now
+            )
+        except OSError as error:
+            log.error("hand-overs not retried this round: %s", error)
+            return "hand-overs not retried"
+        return f"{done} hand-over(s) finished late" if done else "no hand-over pending"
 
     def _notices_and_removals(self, now: datetime, to_user: ToUser) -> str:
         storage = self.service.config.storage

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from gpuresa.access import LOGIN_PATTERN, RESERVED_LOGINS
 from gpuresa.config.sections import StorageConfig
+from gpuresa.outputs.tree import walk
 
 log = logging.getLogger(__name__)
 
@@ -237,12 +238,14 @@ def recently_changed(path: Path) -> bool:
 
 
 def folder_bytes(path: Path) -> int:
-    """Bytes used below `path`, never following a link."""
+    """Bytes used below `path`, never following a link, at any depth (0 when unreadable)."""
     total = 0
-    for _, _, files, folder_fd in os.fwalk(path, follow_symlinks=False):
-        for name in files:
-            with contextlib.suppress(OSError):
-                details = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
-                if stat.S_ISREG(details.st_mode):
-                    total += details.st_blocks * 512
+
+    def count(_folder: int, _name: str, details: os.stat_result) -> None:
+        nonlocal total
+        if stat.S_ISREG(details.st_mode):
+            total += details.st_blocks * 512
+
+    with contextlib.suppress(OSError):
+        walk(path, count)
     return total

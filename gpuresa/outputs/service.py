@@ -22,7 +22,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -56,6 +55,7 @@ from gpuresa.outputs.records import (
     removal_due,
     scan,
 )
+from gpuresa.outputs.tree import remove_tree
 from gpuresa.reservations import catalog
 from gpuresa.runtime.engine import Engine
 from gpuresa.runtime.errors import SessionError
@@ -297,8 +297,8 @@ class OutputService:
     def prune(self, now: datetime, dry_run: bool = False) -> list[OutputFolder]:
         """Remove every output `due_removals` names (unless `dry_run`); returns them.
 
-        Removal never follows a link (`shutil.rmtree` works through folder
-        descriptors); a folder that cannot be removed is logged and left.
+        Removal never follows a link and goes to any depth (`tree.remove_tree`);
+        a folder that cannot be removed is logged and left.
         """
         removed = []
         for folder in self.due_removals(now):
@@ -306,7 +306,7 @@ class OutputService:
                 removed.append(folder)
                 continue
             try:
-                shutil.rmtree(folder.path)
+                remove_tree(folder.path)
             except FileNotFoundError:
                 pass
             except OSError as error:

@@ -21,6 +21,7 @@ from zoneinfo import ZoneInfo
 
 from gpuresa.config.sections import Config
 from gpuresa.model import SessionSpec
+from gpuresa.outputs.tree import hand_tree
 from gpuresa.runtime.errors import SessionError
 from gpuresa.runtime.payload import safe_key
 
@@ -79,29 +80,28 @@ def output_path(config: Config, spec: SessionSpec) -> Path:
 
 
 def _give_tree(top: Path, uid: int, gid: int) -> None:
-    """Give `top` and everything below it to uid:gid, never following a link.
+    """Give `top` and everything below it to uid:gid, never following a link, at any depth.
 
-    The user may own these folders (after an earlier hand-over, or the remapped
-    uid during a session) and so swap a subfolder for a link to /etc while we
-    walk. Every entry is therefore reached through a descriptor of the folder
-    that holds it (`os.fwalk`, which checks each folder it enters is the one it
-    listed) and changed with `follow_symlinks=False`, bottom-up; `top` itself
-    is changed last, so nothing below is the user's before we are done with it.
-    Raises `OSError` when `top` is not a folder or cannot be changed.
+    See `gpuresa.outputs.tree.hand_tree` (privilege bits and capabilities are
+    cleared on the way). Raises `OSError` when `top` is not a folder or cannot be changed.
     """
-    top_fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    hand_tree(top, uid, gid)
+
+
+def take_back(final: Path, running: Path, key: str) -> None:
+    """Move an earlier try's output (in its final place) back to the running area.
+
+    A session made again keeps its files; they go back out of reach of the host
+    before its containers mount them. Nothing happens when there is none or
+    the running folder already exists. Raises `SessionError` when it cannot be moved.
+    """
     try:
-        for _, folders, files, folder_fd in os.fwalk(
-            ".", topdown=False, follow_symlinks=False, dir_fd=top_fd
-        ):
-            for name in [*folders, *files]:
-                try:
-                    os.chown(name, uid, gid, dir_fd=folder_fd, follow_symlinks=False)
-                except FileNotFoundError:
-                    continue  # removed while we walked: nothing to give
-        os.fchown(top_fd, uid, gid)
-    finally:
-        os.close(top_fd)
+        if running.exists() or running.is_symlink() or not final.is_dir() or final.is_symlink():
+            return
+        os.rename(final, running)
+    except OSError as error:
+        raise SessionError(f"cannot move {final} back to {running}: {error}") from None
+    log.info("%s: output %s taken back for the session", key, final)
 
 
 def make_output_folder(path: Path) -> None:
@@ -156,12 +156,15 @@ def prepare_output(path: Path, uid: int, gid: int, key: str) -> None:
     log.info("%s: output folder %s (host uid %d)", key, path, uid)
 
 
-def hand_over(path: Path, uid: int, gid: int, key: str) -> None:
-    """Give a finished session's output to the login's host account; logs, never raises."""
+def hand_over(path: Path, uid: int, gid: int, key: str) -> bool:
+    """Give a finished session's output to the login's owner; logs, never raises.
+
+    Returns whether every entry was handed over (privilege bits cleared).
+    """
     try:
-        _give_tree(path, uid, gid)
-    except (OSError, RecursionError) as error:
-        # RecursionError: os.fwalk recurses, and the user decides how deep the tree is
+        count = hand_tree(path, uid, gid)
+    except OSError as error:
         log.error("%s: could not hand %s to uid %d: %s", key, path, uid, error)
-        return
-    log.info("%s: output %s handed to uid %d", key, path, uid)
+        return False
+    log.info("%s: output %s handed to uid %d (%d entries)", key, path, uid, count)
+    return True

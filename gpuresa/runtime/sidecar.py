@@ -18,6 +18,7 @@ from gpuresa.outputs.credentials import HostCredentials
 from gpuresa.runtime.engine import dumps
 from gpuresa.runtime.errors import SessionError
 from gpuresa.runtime.lookup import container_name, status
+from gpuresa.runtime.output_area import running_path
 from gpuresa.runtime.payload import (
     ROLE_LABEL,
     ftp_name,
@@ -92,7 +93,8 @@ def _recreate(runtime: Runtime, key: str, main: dict[str, Any]) -> str:
         int(labels["gpuresa.uid"]),
         session.ftp_user or credentials.user,
         credentials.password,
-        session.output_dir,
+        # the running place, root-only and nosuid (see output_area), as at the start
+        running_path(runtime.config, key),
         labels,
         runtime.announced_address(key),
         # the same host ids as the user's container (Podman: that session's own range)

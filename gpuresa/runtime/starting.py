@@ -21,7 +21,8 @@ from gpuresa.runtime.engine import dumps
 from gpuresa.runtime.errors import EngineTimeout, ImageMissing, PortRefused, SessionError
 from gpuresa.runtime.gpus import host_gpu_access
 from gpuresa.runtime.lookup import Found, container_name, status
-from gpuresa.runtime.output import make_output_folder, output_path, prepare_output
+from gpuresa.runtime.output import make_output_folder, output_path, prepare_output, take_back
+from gpuresa.runtime.output_area import ensure_area, remember, running_path, stored_path
 from gpuresa.runtime.payload import (
     FTP_ROLE,
     MAIN_ROLE,
@@ -86,9 +87,14 @@ def prepare_session(
     except AccessError as error:
         raise SessionError(f"session {key}: {error}") from None
     gpu = host_gpu_access(runtime.host, spec.gpus)
+    # labels keep the final place; the containers get the root-only running one (output_area)
     output_dir = output_path(runtime.config, spec)
-    make_output_folder(output_dir)
-    apply_session_quota(runtime.config, output_dir, key)
+    ensure_area(runtime.config)
+    running = running_path(runtime.config, key)
+    take_back(output_dir, stored_path(runtime.config, key), key)
+    make_output_folder(running)
+    remember(runtime.config, key, spec.user, output_dir)
+    apply_session_quota(runtime.config, running, key)
     labelled = dataclasses.replace(spec, cuda=variant.name)
     runtime.ends.forget(key)
     files = runtime.files.show_facts(
@@ -102,7 +108,7 @@ def prepare_session(
         image=image,
         uid=uid,
         authorized_keys=keys,
-        output_dir=output_dir,
+        output_dir=running,
         session_files=files,
         command=template.command or (),
         gpu=gpu,
@@ -121,7 +127,7 @@ def prepare_session(
         # chooses them then); its output is theirs before anything of the user's runs
         ids = runtime.kind.created(runtime.engine, main_id, spec.gpus, key)
         base_uid, base_gid = (ids.uid, ids.gid) if ids else (0, 0)
-        prepare_output(output_dir, base_uid + uid, base_gid + uid, key)
+        prepare_output(running, base_uid + uid, base_gid + uid, key)
         # the host's SSH host keys and FTPS certificate, readable by the containers' root
         host_credentials.session_host_keys(base_uid, base_gid, host_keys)
         tls = host_credentials.sidecar_tls(base_uid, base_gid)
@@ -132,7 +138,7 @@ def prepare_session(
             uid,
             credentials.user,
             credentials.password,
-            output_dir,
+            running,
             labels,
             runtime.announced_address(key),
             runtime.kind.sidecar_settings(ids, runtime.config.limits),
