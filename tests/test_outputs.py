@@ -49,6 +49,7 @@ from gpuresa.outputs.owners import output_owner, uid_overlaps
 from gpuresa.outputs.records import OutputFolder, OutputRecords, notice_due, removal_due
 from gpuresa.outputs.service import OutputService
 from gpuresa.runtime import SessionError
+from gpuresa.runtime.output_area import running_path
 from gpuresa.runtime.payload import MainContainer, ftp_payload, main_payload
 
 NOW = datetime(2025, 3, 10, 12, 0, tzinfo=UTC)
@@ -466,7 +467,7 @@ def test_a_round_tells_once_removes_after_the_notice_and_reports_the_disk(
     assert output.is_dir()  # notice sent at +20 s: kept until +30 s
     line = duties.run(NOW + timedelta(seconds=30), [running], to_user, to_admin)
     assert "1 output(s) removed" in line and not output.exists()
-    assert running.output_dir.is_dir()  # in use: never touched
+    assert running_path(site.config, running.key).is_dir()  # in use: never touched
 
 
 def test_sessions_mount_the_host_keys_and_sidecars_the_certificate_read_only() -> None:
