@@ -43,6 +43,7 @@ from datetime import UTC, datetime, timedelta, tzinfo
 from types import MappingProxyType
 from zoneinfo import ZoneInfo
 
+from gpuresa.calendar_text import unescape_text
 from gpuresa.config import LOGIN, CalendarConfig, Config, HostConfig
 from gpuresa.events import (
     Component,
@@ -341,6 +342,10 @@ class _BookingReader:
                     for name, value in match.groupdict().items()
                     if value is not None and value.strip()
                 }
+        # what a source refuses whatever the event says (a GRR room booked by periods...)
+        problems.extend(
+            _clean(unescape_text(found.value))[:300] for found in component.all("X-GPURESA-REFUSED")
+        )
         user, email = self._user(component, summary, from_regex, problems)
         host = self._host(component, problems)
         fields = self._fields(component, from_regex)

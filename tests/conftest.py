@@ -377,3 +377,15 @@ def _no_inherited_config(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
     monkeypatch.delenv("JOURNAL_STREAM", raising=False)
     os.environ.setdefault("TZ", "UTC")
+
+
+@pytest.fixture
+def grr_database(tmp_path: Path) -> Iterator[Any]:
+    """A fresh GRR database (GRR's tables, a read-only account) on `make setup`'s MariaDB."""
+    from grr_database import GRRDatabase
+
+    database = GRRDatabase.create(tmp_path)
+    try:
+        yield database
+    finally:
+        database.drop()
