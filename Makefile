@@ -24,6 +24,7 @@ bench: setup
 	$(VENV)/python benchmarks/bench_daemon.py
 	$(VENV)/python benchmarks/bench_outputs.py
 	$(VENV)/python benchmarks/bench_telemetry.py
+	$(VENV)/python benchmarks/bench_grr.py
 
 clean:
 	rm -rf .venv .pytest_cache .mypy_cache .ruff_cache

@@ -7,7 +7,10 @@
 #   Chromium for the status page's test (installed when missing);
 #   4. a rootful Podman API service next to Docker (separate storage in
 #      /var/lib/containers, netavark networks), with a `containers` id range for
-#      userns=auto, and the base image loaded into it (when its recipe changed).
+#      userns=auto, and the base image loaded into it (when its recipe changed);
+#   5. a MariaDB server for the GRR source's tests (Debian's mariadb-server, started
+#      directly, without systemd: datadir /var/lib/gpuresa-mariadb, socket
+#      /run/gpuresa-mariadb/mysqld.sock and 127.0.0.1:3307; root logs in over the socket).
 # Needs root on Debian/Ubuntu for steps 2 to 4 when something is missing.
 set -euo pipefail
 
@@ -223,5 +226,50 @@ else
     say "loading $BASE_IMAGE into Podman"
     docker save "$BASE_IMAGE" | podman load -q >/dev/null \
         || die "could not load $BASE_IMAGE into Podman"
+fi
+
+# --- 5. MariaDB (the GRR source's tests) --------------------------------------------
+MARIADB_DATADIR=/var/lib/gpuresa-mariadb
+MARIADB_RUN=/run/gpuresa-mariadb
+MARIADB_SOCKET=$MARIADB_RUN/mysqld.sock
+MARIADB_PORT=3307
+MARIADB_LOG=/var/log/gpuresa-mariadb.log
+mariadb_answers() {
+    timeout 10 mariadb --protocol=socket --socket="$MARIADB_SOCKET" -u root \
+        -e 'SELECT 1' >/dev/null 2>&1
+}
+if mariadb_answers; then
+    say "MariaDB answers on $MARIADB_SOCKET"
+else
+    if ! command -v mariadbd >/dev/null 2>&1 && [ ! -x /usr/sbin/mariadbd ]; then
+        # a packaged mariadb.service, where systemd starts one, is left alone: ours
+        # has its own datadir, socket and port
+        apt_install mariadb-server mariadb-client
+    fi
+    mkdir -p "$MARIADB_RUN"
+    chown mysql:mysql "$MARIADB_RUN"
+    if [ ! -d "$MARIADB_DATADIR/mysql" ]; then
+        say "creating the MariaDB datadir $MARIADB_DATADIR"
+        mkdir -p "$MARIADB_DATADIR"
+        chown mysql:mysql "$MARIADB_DATADIR"
+        mariadb-install-db --user=mysql --datadir="$MARIADB_DATADIR" \
+            --auth-root-authentication-method=socket >/dev/null \
+            || die "mariadb-install-db failed"
+    fi
+    say "starting MariaDB (log: $MARIADB_LOG)"
+    # --no-defaults: nothing from /etc/mysql (the packaged server's socket and port)
+    nohup env -C / /usr/sbin/mariadbd --no-defaults --user=mysql \
+        --datadir="$MARIADB_DATADIR" --socket="$MARIADB_SOCKET" \
+        --pid-file="$MARIADB_RUN/mysqld.pid" --bind-address=127.0.0.1 --port="$MARIADB_PORT" \
+        --skip-name-resolve --innodb-buffer-pool-size=64M >"$MARIADB_LOG" 2>&1 &
+    for _ in $(seq 60); do
+        mariadb_answers && break
+        sleep 1
+    done
+    if ! mariadb_answers; then
+        tail -n 20 "$MARIADB_LOG" >&2 2>/dev/null || true
+        die "MariaDB did not answer within 60 s (its log is above)"
+    fi
+    say "MariaDB answers on $MARIADB_SOCKET and 127.0.0.1:$MARIADB_PORT"
 fi
 say "ready"

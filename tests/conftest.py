@@ -388,3 +388,15 @@ def _running_areas_unmounted(tmp_path_factory: pytest.TempPathFactory) -> Iterat
         point = line.split()[4].replace("\\040", " ")
         if point.startswith(base) and point.endswith("/.running"):
             subprocess.run(["umount", "-l", point], check=False, capture_output=True)
+
+
+@pytest.fixture
+def grr_database(tmp_path: Path) -> Iterator[Any]:
+    """A fresh GRR database (GRR's tables, a read-only account) on `make setup`'s MariaDB."""
+    from grr_database import GRRDatabase
+
+    database = GRRDatabase.create(tmp_path)
+    try:
+        yield database
+    finally:
+        database.drop()

@@ -80,7 +80,8 @@ def reservations_command(arguments: argparse.Namespace) -> int:
             raise UserError(
                 f"{config.source} lists no [[calendars]]; add one, or read a file with --ics FILE"
             )
-        objects = {calendar.name: _read_source(config, calendar) for calendar in calendars}
+        window = (window_start, window_end)
+        objects = {calendar.name: _read_source(config, calendar, window) for calendar in calendars}
     found = read_reservations(
         config,
         {name: list(items.items()) for name, items in objects.items()},
@@ -137,9 +138,14 @@ def _read_file(calendar: CalendarConfig) -> dict[str, bytes]:
         raise UserError(str(error)) from None
 
 
-def _read_source(config: Config, calendar: CalendarConfig) -> dict[str, bytes]:
-    """A calendar's objects, fresh from its source, else from the daemon's last snapshot."""
-    source = open_source(calendar, config.daemon.state_dir, persist=False)
+def _read_source(
+    config: Config, calendar: CalendarConfig, window: tuple[datetime, datetime]
+) -> dict[str, bytes]:
+    """A calendar's objects, fresh from its source, else from the daemon's last snapshot.
+
+    A database (GRR) is read over `window` only.
+    """
+    source = open_source(calendar, config.daemon.state_dir, persist=False, window=window)
     try:
         return dict(source.poll().objects)
     except SourceError as error:

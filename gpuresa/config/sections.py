@@ -64,6 +64,13 @@ def _login_values(values: Mapping[str, str]) -> str | None:
     return _logins(tuple(values.values()))
 
 
+def _room_hosts(values: Mapping[str, str]) -> str | None:
+    import re
+
+    bad = [value for value in values.values() if not re.fullmatch(NAME, value)]
+    return f"not host names: {', '.join(map(repr, bad))}" if bad else None
+
+
 def _gpu_indices(value: tuple[int, ...] | str) -> str | None:
     if isinstance(value, tuple):
         if any(index < 0 for index in value):
@@ -115,7 +122,7 @@ class CalendarConfig:
 
     name: str = Field(check=matches(NAME, "a name of letters, digits, '.', '_' or '-'"))
     url: str = Field(check=matches(r"\S+", "a URL or an absolute path"))
-    kind: Literal["caldav", "ics"] = "caldav"
+    kind: Literal["caldav", "ics", "grr"] = "caldav"
     username: str | None = None
     password_file: Path | None = None
     password_credential: str | None = None
@@ -129,6 +136,10 @@ class CalendarConfig:
     default_template: str | None = None
     default_cuda: str | None = None
     default_gpus: int = Field(1, check=at_least(1))
+    # kind "grr" only (GRR's MySQL/MariaDB database; see gpuresa.reservations.sources.grr)
+    unix_socket: Path | None = None
+    table_prefix: str = Field("grr_", check=matches(r"[A-Za-z0-9_]{0,32}", "letters, digits, '_'"))
+    rooms: Mapping[str, str] = Field(factory=dict, check=_room_hosts)
 
 
 @dataclass(frozen=True)
@@ -351,6 +362,7 @@ def _cross_checks(config: Config) -> list[str]:
                 f"calendars[{index}].url: a caldav calendar needs an http(s) URL, "
                 f"got {calendar.url!r}"
             )
+        problems.extend(_grr_checks(index, calendar, host_names))
     for index, host in enumerate(config.hosts):
         ranges = {
             "ssh_ports": host.ssh_ports,
@@ -381,6 +393,38 @@ def _cross_checks(config: Config) -> list[str]:
             problems.append(
                 f"storage.inputs[{index}].target: {mount.target} is the output folder's target"
             )
+    return problems
+
+
+def _grr_checks(index: int, calendar: CalendarConfig, host_names: list[str]) -> list[str]:
+    """Problems of a calendar of kind "grr" (its database, its rooms), or of GRR-only keys."""
+    where = f"calendars[{index}]"
+    if calendar.kind != "grr":
+        grr_only = [key for key in ("unix_socket", "rooms") if getattr(calendar, key)]
+        return [f'{where}.{key}: only for a calendar of kind "grr"' for key in grr_only]
+    from gpuresa.reservations.sources.grr_connection import url_problem
+
+    problems = []
+    problem = url_problem(calendar.url)
+    if problem is not None:
+        problems.append(f"{where}.url: {problem}")
+    if calendar.username is None:
+        problems.append(f"{where}.username: a grr calendar needs the database account's name")
+    if calendar.password_file is None and calendar.password_credential is None:
+        problems.append(f"{where}.password_file: set it or password_credential (the account's)")
+    if calendar.host is not None:
+        problems.append(f"{where}.host: a grr calendar gives each room's host in rooms")
+    if calendar.user_from == "attendee":
+        problems.append(f'{where}.user_from: "summary" or "organizer" for a grr calendar')
+    if not calendar.rooms:
+        problems.append(
+            f'{where}.rooms: which GRR rooms are which hosts, e.g. {{ "GPU 1" = "gpu1" }}'
+        )
+    for room, host in calendar.rooms.items():
+        if host not in host_names:
+            problems.append(f"{where}.rooms.{room}: {host!r} is not one of the [[hosts]]")
+        if room.startswith("#") and not room[1:].isdigit():
+            problems.append(f"{where}.rooms.{room}: '#' and a room id (digits), or a room name")
     return problems
 
 

@@ -69,7 +69,10 @@ class Calendars:
         for calendar in config.calendars:
             if calendar.name not in self.sources:
                 self.sources[calendar.name] = open_source(
-                    calendar, config.daemon.state_dir, persist=persist
+                    calendar,
+                    config.daemon.state_dir,
+                    persist=persist,
+                    reservations=config.reservations,
                 )
         self.errors: dict[str, str | None] = {name: None for name in self.sources}
 

@@ -55,6 +55,7 @@ from gpuresa.ical.events import (
     parse_object,
     read_stamp,
 )
+from gpuresa.ical.text import unescape_text
 from gpuresa.model import Rejection, Reservation, ReservationSet, occurrence_key
 from gpuresa.reservations.claims import first_calendars, first_copies, moved_after_end
 
@@ -377,6 +378,10 @@ class _BookingReader:
                     for name, value in match.groupdict().items()
                     if value is not None and value.strip()
                 }
+        # what a source refuses whatever the event says (a GRR room booked by periods...)
+        problems.extend(
+            _clean(unescape_text(found.value))[:300] for found in component.all("X-GPURESA-REFUSED")
+        )
         user, email = self._user(component, summary, from_regex, problems)
         host = self._host(component, problems)
         fields = self._fields(component, from_regex)

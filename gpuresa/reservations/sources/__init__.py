@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import unquote, urlsplit
 
-from gpuresa.config.sections import CalendarConfig
+from gpuresa.config.sections import CalendarConfig, ReservationsConfig
 from gpuresa.errors import UserError
 
 
@@ -38,7 +38,7 @@ class PollResult:
 
 
 class CalendarSource(Protocol):
-    """A calendar to poll; `CalDAVSource` and `ICSSource` are the two kinds."""
+    """A calendar to poll: a `CalDAVSource`, an `ICSSource` or a `GRRSource`."""
 
     name: str
     last_success: datetime | None
@@ -56,14 +56,33 @@ class CalendarSource(Protocol):
 
 
 def open_source(
-    calendar: CalendarConfig, state_dir: Path | None, *, persist: bool = True
+    calendar: CalendarConfig,
+    state_dir: Path | None,
+    *,
+    persist: bool = True,
+    reservations: ReservationsConfig | None = None,
+    window: tuple[datetime, datetime] | None = None,
 ) -> CalendarSource:
-    """The source for `calendar`: a `CalDAVSource` or an `ICSSource`, by its `kind`.
+    """The source for `calendar`: a `CalDAVSource`, an `ICSSource` or a `GRRSource`.
 
     Nothing is fetched yet; the snapshot under `state_dir` is loaded. With
     `persist` false (or no `state_dir`), the source never writes there: for
-    commands that only look.
+    commands that only look. A database source reads only a window:
+    `reservations`' window_past and window_ahead around each poll's time, or
+    the fixed `window` (calendars are read whole).
     """
+    if calendar.kind == "grr":
+        from gpuresa.reservations.sources.grr import GRRSource
+
+        around = reservations or ReservationsConfig()
+        return GRRSource(
+            calendar,
+            state_dir,
+            persist=persist,
+            window_past=around.window_past,
+            window_ahead=around.window_ahead,
+            window=window,
+        )
     if calendar.kind == "caldav":
         from gpuresa.reservations.sources.caldav import CalDAVSource
 
