@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
+from gpuresa.cli import main
 from gpuresa.config import LimitsConfig, parse_config
 from gpuresa.errors import ConfigError
 from gpuresa.runtime.limits import (
@@ -89,3 +93,22 @@ def test_bad_limits_are_named_by_key(limits: dict[str, object], key: str) -> Non
     with pytest.raises(ConfigError) as raised:
         parse_config({"limits": limits})
     assert any(problem.startswith(f"{key}:") for problem in raised.value.problems), raised.value
+
+
+def test_config_validate_and_show_print_each_hosts_limits(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    file = tmp_path / "config.toml"
+    file.write_text(
+        '[daemon]\nhost = "gpu1"\n[[hosts]]\nname = "gpu1"\ngpus = [0, 1, 2, 3]\n'
+        '[[hosts]]\nname = "gpu2"\ngpus = [0, 1]\n[limits]\nreserve_memory = "4g"\n'
+    )
+    assert main(["config", "validate", "--config", str(file)]) == 0
+    printed = capsys.readouterr().out
+    assert "limits per session on gpu1:" in printed and "all 4 GPUs" in printed
+    assert "limits per session on gpu2:" in printed and "writable layer: 30g" in printed
+    assert main(["config", "show", "--config", str(file)]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["limits"]["reserve_memory"] == "4g"
+    assert set(shown["effective_limits"]) == {"gpu1", "gpu2"}
+    assert "GiB memory" in shown["effective_limits"]["gpu2"]["1 GPU"]
