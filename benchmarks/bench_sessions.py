@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
+import os
 import random
 import socket
 import statistics
@@ -96,7 +97,7 @@ def make_config(root: Path, host: str, engine: str) -> Config:
                 "output_root": str(root / "output"),
                 "inputs": [{"source": str(root / "input"), "target": "/data"}],
             },
-            "limits": {"shm_size": "256m"},
+            "limits": {"shm_size": "256m", "layer_size": os.environ.get("BENCH_LAYER_SIZE", "30g")},
         },
         str(root / "bench.toml"),
     )

@@ -341,6 +341,8 @@ def test_ftp_payload_is_exactly_this() -> None:
             "RestartPolicy": {"Name": "no"},
             "PidsLimit": 128,
             "Memory": 256 * 1024**2,
+            "MemorySwap": 256 * 1024**2,
+            "NanoCpus": 500_000_000,
         },
         "NetworkingConfig": {"EndpointsConfig": {network: {"Aliases": ["ftp"]}}},
     }

@@ -9,8 +9,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from gpuresa.config.schema import PortRange, format_duration
-from gpuresa.config.sections import example_text, load_config
+from gpuresa.config.schema import PortRange, Share, Size, format_duration
+from gpuresa.config.sections import Config, example_text, load_config
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -46,7 +46,32 @@ def validate_command(arguments: argparse.Namespace) -> int:
 
     for warning in disk_warnings(config):
         print(f"warning: {warning}")
+    for name, lines in _effective_limits(config).items():
+        print(f"limits per session on {name}: " + "; ".join(f"{k}: {v}" for k, v in lines.items()))
     return 0
+
+
+def _effective_limits(config: Config) -> dict[str, dict[str, str]]:
+    """Per host, the limits of a session of 1 GPU and of all GPUs.
+
+    Computed with this machine's CPUs and memory (each host's daemon computes
+    its own from its engine), and the host's GPU list ("auto": nvidia-smi here).
+    """
+    from gpuresa.runtime.gpus import HostGpus
+    from gpuresa.runtime.limits import local_totals, session_limits
+
+    effective = {}
+    for host in config.hosts:
+        gpus = len(HostGpus().indices(host))
+        totals = local_totals(gpus)
+        lines = {
+            "host": f"{totals.cpus:g} CPUs, {totals.memory / (1 << 30):.1f} GiB, {gpus} GPUs",
+            "1 GPU": session_limits(config.limits, totals, 1).describe(),
+            f"all {gpus} GPUs": session_limits(config.limits, totals, gpus).describe(),
+            "writable layer": str(config.limits.layer_size),
+        }
+        effective[host.name] = lines
+    return effective
 
 
 def example_command(arguments: argparse.Namespace) -> int:
@@ -56,12 +81,16 @@ def example_command(arguments: argparse.Namespace) -> int:
 
 def show_command(arguments: argparse.Namespace) -> int:
     config = load_config(arguments.config)
-    print(json.dumps(_plain(config), indent=2))
+    shown = _plain(config)
+    shown["effective_limits"] = _effective_limits(config)
+    print(json.dumps(shown, indent=2))
     return 0
 
 
 def _plain(value: Any) -> Any:
     """A JSON-ready copy of a config value, durations and paths as the config spells them."""
+    if isinstance(value, (Size, Share)):
+        return str(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {
             field.name: _plain(getattr(value, field.name)) for field in dataclasses.fields(value)

@@ -54,6 +54,54 @@ class PortRange:
         return f"{self.first}-{self.last}"
 
 
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Size:
+    """A number of bytes, written "8g", "512m" or "1048576" in the config."""
+
+    bytes: int
+
+    def __str__(self) -> str:
+        for unit in ("t", "g", "m", "k"):
+            if self.bytes and self.bytes % _SIZE_UNITS[unit] == 0:
+                return f"{self.bytes // _SIZE_UNITS[unit]}{unit}"
+        return str(self.bytes)
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Share:
+    """A fraction of a whole (0 to 1), written "10%" in the config."""
+
+    fraction: float
+
+    def of(self, whole: float) -> float:
+        return whole * self.fraction
+
+    def __str__(self) -> str:
+        return f"{self.fraction * 100:g}%"
+
+
+def parse_size(value: object) -> Size:
+    """Read "8g", "512m", "1024" (bytes) or a bare integer of bytes; raises `Invalid`."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    text = value.lower() if isinstance(value, str) else ""
+    match = re.fullmatch(r"\s*(\d+)\s*([bkmgt]?)\s*", text)
+    if not match:
+        raise Invalid(f'expected a size such as "8g" or "512m", got {value!r}')
+    return Size(int(match.group(1)) * _SIZE_UNITS[match.group(2)])
+
+
+def parse_share(value: object) -> Share:
+    """Read "10%" or "2.5%" (0 to 100); raises `Invalid`."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*%\s*", value) if isinstance(value, str) else None
+    if not match or float(match.group(1)) > 100:
+        raise Invalid(f'expected a share such as "10%" (0 to 100%), got {value!r}')
+    return Share(float(match.group(1)) / 100)
+
+
 def parse_duration(text: str) -> timedelta:
     """Read "30s", "15m", "2h", "1d", "1w" or combinations such as "1h30m".
 
@@ -112,6 +160,10 @@ def describe(kind: Any) -> str:
         return "an absolute path"
     if kind is PortRange:
         return 'a port range such as "20000-20999"'
+    if kind is Size:
+        return 'a size such as "8g"'
+    if kind is Share:
+        return 'a share such as "10%"'
     if origin is Literal:
         return " or ".join(repr(choice) for choice in get_args(kind))
     if origin is tuple:
@@ -184,8 +236,9 @@ class Loader:
     def convert(self, kind: Any, value: Any, path: str) -> Any:
         """Convert one TOML value to `kind`; raises `Invalid` with what was expected."""
         origin = get_origin(kind)
-        if kind is PortRange:
-            return parse_port_range(value)
+        if kind in (PortRange, Size, Share):
+            # values of their own written as strings, not tables
+            return _convert_scalar(kind, value)
         if dataclasses.is_dataclass(kind):
             built: object = self.load(typing.cast(type, kind), value, path)
             if built is None:
@@ -266,6 +319,10 @@ def _convert_scalar(kind: Any, value: Any) -> Any:
         raise Invalid(f"expected an absolute path (starting with /), got {value!r}")
     elif kind is PortRange:
         return parse_port_range(value)
+    elif kind is Size:
+        return parse_size(value)
+    elif kind is Share:
+        return parse_share(value)
     else:  # pragma: no cover - a schema bug, not a config problem
         raise TypeError(f"unsupported schema type {kind!r}")
     raise Invalid(f"expected {describe(kind)}, got {value!r}")

@@ -19,6 +19,8 @@ from gpuresa.config.schema import (
     Field,
     Loader,
     PortRange,
+    Share,
+    Size,
     at_least,
     matches,
     positive_duration,
@@ -232,14 +234,41 @@ def _free_space(value: str) -> str | None:
     )
 
 
+def _fraction_below_one(value: Size | Share) -> str | None:
+    if isinstance(value, Share) and value.fraction >= 1:
+        return "must be less than 100% (the host keeps the reserve)"
+    return None
+
+
 @dataclass(frozen=True)
 class LimitsConfig:
-    """[limits]: resources each session container may use."""
+    """[limits]: resources each session container may use.
 
-    cpus: float | None = None
-    memory: str | None = Field(None, check=lambda value: _size(value))
-    shm_size: str = Field("8g", check=lambda value: _size(value))
+    Unset `cpus` and `memory` give each session the host's CPUs and memory,
+    less the reserve, in proportion to the GPUs it booked (see
+    `gpuresa.runtime.limits`); set, they apply to every session as they are.
+    """
+
+    cpus: float | None = Field(None, check=lambda value: _positive_cpus(value))
+    memory: Size | None = Field(None, check=lambda value: _at_least_size(value, 16 << 20))
+    reserve_cpus: float = Field(1.0, check=at_least(0))
+    reserve_memory: Size | Share = Field(Share(0.10), check=_fraction_below_one)
+    shm_size: Size = Size(8 << 30)
     pids: int = Field(4096, check=at_least(64))
+    # each session's writable layer (what it writes outside its mounts); "off" for none
+    layer_size: Size | Literal["off"] = Field(
+        Size(30 << 30), check=lambda value: _at_least_size(value, 64 << 20)
+    )
+
+
+def _positive_cpus(value: float | None) -> str | None:
+    return None if value is None or value >= 0.01 else "must be at least 0.01"
+
+
+def _at_least_size(value: object, minimum: int) -> str | None:
+    if isinstance(value, Size) and value.bytes < minimum:
+        return f"must be at least {Size(minimum)}"
+    return None
 
 
 def _size(value: str | None) -> str | None:

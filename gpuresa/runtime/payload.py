@@ -18,6 +18,7 @@ from typing import Any
 from gpuresa.config.sections import Config, HostConfig, LimitsConfig
 from gpuresa.model import IdRange, Session, SessionSpec
 from gpuresa.runtime.errors import SessionError
+from gpuresa.runtime.limits import SessionLimits, ftp_limit_settings, limit_settings
 
 # the labels every session container and network carries; a session is rebuilt from them
 HOST_LABEL = "gpuresa.host"
@@ -50,7 +51,6 @@ MAIN_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUI
 # vsftpd: CHOWN (groupadd at start), SETUID/SETGID (drop to the login), SYS_CHROOT.
 FTP_CAPABILITIES = ("CHOWN", "SETGID", "SETUID", "SYS_CHROOT")
 FTP_PIDS_LIMIT = 128
-FTP_MEMORY_BYTES = 256 * 1024 * 1024
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
@@ -263,18 +263,21 @@ def _bind(
 
 def _limits(limits: LimitsConfig) -> dict[str, Any]:
     settings: dict[str, Any] = {
-        "ShmSize": size_bytes(limits.shm_size),
+        "ShmSize": limits.shm_size.bytes,
         "PidsLimit": limits.pids,
     }
     if limits.cpus is not None:
         settings["NanoCpus"] = int(limits.cpus * 1_000_000_000)
     if limits.memory is not None:
-        settings["Memory"] = size_bytes(limits.memory)
+        settings["Memory"] = limits.memory.bytes
     return settings
 
 
 def resource_limits(limits: LimitsConfig) -> dict[str, Any]:
-    """The HostConfig settings of `[limits]` (shared memory, processes, CPUs, memory)."""
+    """The HostConfig settings of `[limits]` as set (shared memory, processes, CPUs, memory).
+
+    Sessions get their share of the host instead (see `runtime.limits`).
+    """
     return _limits(limits)
 
 
@@ -297,6 +300,8 @@ class MainContainer:
     engine_settings: Mapping[str, Any] = field(default_factory=dict)
     # the host's SSH host keys (a copy the container's root can read), if shared
     host_keys_dir: Path | None = None
+    # the session's CPUs and memory (see `runtime.limits`); None: `[limits]` as set
+    limits: SessionLimits | None = None
 
 
 def main_payload(
@@ -349,7 +354,11 @@ def main_payload(
         "Privileged": False,
         "Init": True,
         "RestartPolicy": {"Name": "no"},
-        **_limits(config.limits),
+        **(
+            _limits(config.limits)
+            if main.limits is None
+            else limit_settings(config.limits, main.limits)
+        ),
         **main.engine_settings,
     }
     return {
@@ -452,7 +461,7 @@ def ftp_payload(
             "Init": True,
             "RestartPolicy": {"Name": "no"},
             "PidsLimit": FTP_PIDS_LIMIT,
-            "Memory": FTP_MEMORY_BYTES,
+            **ftp_limit_settings(),
             **(engine_settings or {}),
         },
         "NetworkingConfig": {"EndpointsConfig": {network: {"Aliases": ["ftp"]}}},

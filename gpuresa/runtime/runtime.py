@@ -22,7 +22,7 @@ import logging
 import socket
 from collections.abc import Collection, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpuresa.config.sections import Config, HostConfig
 from gpuresa.model import Session, SessionSpec
@@ -35,6 +35,7 @@ from gpuresa.runtime.errors import (
 )
 from gpuresa.runtime.gpus import HostGpus
 from gpuresa.runtime.images import Images
+from gpuresa.runtime.limits import HostTotals, totals_from_info
 from gpuresa.runtime.lookup import (
     Found,
     by_key,
@@ -89,6 +90,7 @@ class Runtime:
         self.ends = EndRecords(config.daemon.state_dir / "sessions")
         self.files = SessionFiles(config.daemon.state_dir / "sessions")
         self._gpus = HostGpus()
+        self._info: dict[str, Any] | None = None
 
     # --- what the host has -----------------------------------------------------------------
 
@@ -100,6 +102,16 @@ class Runtime:
     def host_gpus(self) -> tuple[int, ...]:
         """The GPU indices this host hands out (see `gpus.HostGpus.indices`)."""
         return self._gpus.indices(self.host)
+
+    def host_totals(self) -> HostTotals:
+        """The CPUs and memory of the engine's host (asked once) and the GPUs it hands out."""
+        return totals_from_info(self.engine_info(), len(self.host_gpus()))
+
+    def engine_info(self) -> dict[str, Any]:
+        """The engine's `info`, asked once per `Runtime` (CPUs, memory, storage driver)."""
+        if self._info is None:
+            self._info = self.engine.info()
+        return self._info
 
     def check_engine(self) -> None:
         """Refuse, with a `SessionError`, an engine where sessions get no user namespace.

@@ -20,6 +20,8 @@ from gpuresa.outputs.disk import apply_session_quota, start_refusal
 from gpuresa.runtime.engine import dumps
 from gpuresa.runtime.errors import EngineTimeout, ImageMissing, PortRefused, SessionError
 from gpuresa.runtime.gpus import host_gpu_access
+from gpuresa.runtime.layers import layer_plan
+from gpuresa.runtime.limits import session_limits
 from gpuresa.runtime.lookup import Found, container_name, status
 from gpuresa.runtime.output import make_output_folder, output_path, prepare_output, take_back
 from gpuresa.runtime.output_area import ensure_area, remember, running_path, stored_path
@@ -104,6 +106,7 @@ def prepare_session(
     host_credentials = HostCredentials(runtime.config)
     host_keys = files / HOST_KEYS_FOLDER
     host_keys.mkdir(mode=0o700, exist_ok=True)
+    layer = layer_plan(runtime)
     main = MainContainer(
         image=image,
         uid=uid,
@@ -112,7 +115,8 @@ def prepare_session(
         session_files=files,
         command=template.command or (),
         gpu=gpu,
-        engine_settings=runtime.kind.main_settings(runtime.config.limits),
+        engine_settings={**runtime.kind.main_settings(runtime.config.limits), **layer.settings},
+        limits=session_limits(runtime.config.limits, runtime.host_totals(), len(spec.gpus)),
         # the host's own SSH host keys, copied for this session's root once its ids are known
         host_keys_dir=host_keys,
     )
@@ -126,6 +130,7 @@ def prepare_session(
         # the session's host ids are known once its main container exists (Podman
         # chooses them then); its output is theirs before anything of the user's runs
         ids = runtime.kind.created(runtime.engine, main_id, spec.gpus, key)
+        layer.cap(runtime, main_id, key)
         base_uid, base_gid = (ids.uid, ids.gid) if ids else (0, 0)
         prepare_output(running, base_uid + uid, base_gid + uid, key)
         # the host's SSH host keys and FTPS certificate, readable by the containers' root
