@@ -442,9 +442,16 @@ def test_over_booking(
         bookings, make_config(), first_seen=first_seen, holding=frozenset(holding)
     )
     assert [item.key for item in resolved.reservations] == kept
+    by_key = {item.key: item for item in bookings}
     assert {item.key: item.reason.split(" which")[0] for item in resolved.rejected} == {
-        key: f"overlaps {first}" for key, first in conflicts.items()
+        key: f"overlaps another booking on host {by_key[key].host} from {_times(by_key[first])}"
+        for key, first in conflicts.items()
     }
+
+
+def _times(booking: Reservation) -> str:
+    """A booking as a conflict names it: by its UTC times."""
+    return f"{booking.start:%Y-%m-%d %H:%M} UTC to {booking.end:%Y-%m-%d %H:%M} UTC"
 
 
 def test_a_conflict_says_who_wins_and_why() -> None:
@@ -453,10 +460,13 @@ def test_a_conflict_says_who_wins_and_why() -> None:
         [first, booking("b", 9, 10, 2, 2)], make_config(), first_seen=seen(a=1, b=2)
     )
     [rejection] = resolved.rejected
+    # the other booking is named by host and time: its title and UID are its owner's
     assert rejection.reason == (
-        "overlaps 'alice — thesis run' (a) which was booked first: host gpu1 has 4 GPU(s) and "
-        "3 of them are taken during this time (this one asks for 2)"
+        "overlaps another booking on host gpu1 from 2026-03-10 08:00 UTC to 2026-03-10 12:00 UTC "
+        "which was booked first: the host has 4 GPU(s) and 3 of them are taken during this "
+        "time (this one asks for 2)"
     )
+    assert "alice" not in rejection.reason and "(a)" not in rejection.reason
     assert (rejection.user, rejection.start) == ("alice", datetime(2026, 3, 10, 9, tzinfo=UTC))
 
 
@@ -470,7 +480,9 @@ def test_extending_a_booking_into_a_running_one_rejects_the_extension() -> None:
     assert [item.key for item in resolved.reservations] == ["b"]
     [rejection] = resolved.rejected
     assert rejection.key == "a"
-    assert rejection.reason.startswith("overlaps b which already runs: ")
+    assert rejection.reason.startswith(
+        f"overlaps another booking on host gpu1 from {_times(running)} which already runs: "
+    )
 
 
 def test_hosts_with_uncounted_gpus_keep_everything() -> None:
@@ -523,13 +535,14 @@ def test_read_reservations_across_calendars_resolves_conflicts_and_duplicates() 
         ("early", "first", 3)
     ]
     assert [(item.key, item.calendar) for item in found.rejected] == [("late", "second")]
-    assert found.rejected[0].reason.startswith("overlaps 'alice' (early) which was booked first")
+    assert found.rejected[0].reason.startswith("overlaps another booking on host ")
+    assert "which was booked first" in found.rejected[0].reason
     # once "late" holds a session, it keeps it
     found = read_reservations(
         config, objects, *WINDOW, variants=VARIANTS, holding=frozenset({"late"})
     )
     assert [item.key for item in found.reservations] == ["late"]
-    assert found.rejected[0].reason.startswith("overlaps 'alice' (late) which already runs")
+    assert "which already runs" in found.rejected[0].reason
 
 
 # --- the command ------------------------------------------------------------------------------
