@@ -317,7 +317,7 @@ def _timing(component: Component, zones: Zones, fallback: _Timing | None = None)
             end = datetime.combine(end, time(), start.tzinfo)
         if end < start:  # both dates or both date-times here
             # RFC 5545 §3.8.2.2 wants DTEND later; the reference swaps them: a guess
-            raise EventError(f"DTEND {found_end.value.strip()!r} is before DTSTART")
+            raise EventError("it ends before it starts")
         if isinstance(start, datetime) and isinstance(end, datetime):
             exact = int((end - start).total_seconds())
             return _Timing(start, Duration(0, exact), end.astimezone(UTC))

@@ -62,5 +62,10 @@ def inert_lines(text: str) -> str:
 
 
 def echo(text: str = "") -> None:
-    """Print `text` (a CLI table row or report line) on stdout, made inert line by line."""
-    print(inert_lines(text))
+    """Print one row or line of a CLI report on stdout, made inert.
+
+    Given the line, perhaps after blank lines ("\\nrejected:"); every other line
+    break in it came from a value, so the whole line is made one inert line.
+    """
+    core = text.lstrip("\n")
+    print("\n" * (len(text) - len(core)) + inert(core))

@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import ClassVar
+import traceback
+from typing import Any, ClassVar
 
 from gpuresa.inert import inert
 
@@ -55,6 +56,15 @@ class InertFormatter(logging.Formatter):
             if block:
                 lines.extend(inert(line) for line in block.splitlines())
         return self.join(lines, record)
+
+    def formatException(self, ei: Any) -> str:
+        """The traceback, with each exception's message (which may quote calendar
+        text, line breaks included) made one inert line; frame lines are code."""
+        chunks: list[str] = []
+        for chunk in traceback.TracebackException(*ei[:3]).format():
+            code = chunk.startswith(("  ", "Traceback", "\n"))
+            chunks.append(chunk if code else inert(chunk.rstrip("\n")) + "\n")
+        return "".join(chunks).rstrip("\n")
 
     def join(self, lines: list[str], record: logging.LogRecord) -> str:
         """The record's text from its (inert) lines."""

@@ -543,7 +543,7 @@ def rejection_message(rejection: Rejection, timezone: str) -> tuple[str, str]:
 
 your booking in the calendar "{rejection.calendar}" cannot be served:
 
-  Reason:    {rejection.reason}{period}
+  Reason:    {one_line(rejection.reason)}{period}
 
 No session will start for it. Change the booking in the calendar and it
 will be checked again.
@@ -591,7 +591,7 @@ Hello {user},
 
 your GPU session{where} could not be started:
 
-  {error}
+  {one_line(error)}
 
 The administrators received a copy of this message. If the session starts
 later on, you will get the usual notice.

@@ -89,10 +89,10 @@ MISSPELLED_PART = "RRULE part UNTL (for UNTIL): both refuse; read as no end, it 
 DISAGREEMENTS: dict[str, Disagreement] = {
     f"{PROJECT}/calendars/Germany_Holidays.ics": reader("RRULE has no FREQ", NO_FREQ),
     f"{PROJECT}/calendars/end_before_start_event.ics": reader(
-        "is before DTSTART", END_BEFORE_START
+        "it ends before it starts", END_BEFORE_START
     ),
     f"{PROJECT}/calendars/issue_132_swapped_start_and_end.ics": reader(
-        "is before DTSTART", END_BEFORE_START
+        "it ends before it starts", END_BEFORE_START
     ),
     f"{PROJECT}/calendars/issue_117_until_before_dtstart.ics": reader(
         "RRULE UNTIL '20231001' is before DTSTART", UNTIL_BEFORE_START
