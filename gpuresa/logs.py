@@ -5,7 +5,10 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import ClassVar
+import traceback
+from typing import Any, ClassVar
+
+from gpuresa.inert import inert
 
 LEVELS = [logging.ERROR, logging.WARNING, logging.INFO, logging.DEBUG]
 
@@ -23,7 +26,7 @@ def setup_logging(verbosity: int = 0) -> None:
         handler.setFormatter(JournalFormatter("%(name)s: %(message)s"))
     else:
         handler.setFormatter(
-            logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S")
+            InertFormatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S")
         )
     root = logging.getLogger()
     root.handlers[:] = [handler]
@@ -33,8 +36,48 @@ def setup_logging(verbosity: int = 0) -> None:
         logging.getLogger(noisy).setLevel(logging.DEBUG if verbosity >= 2 else logging.WARNING)
 
 
-class JournalFormatter(logging.Formatter):
-    """Prefix each line with the syslog priority journald understands (`<3>` = error)."""
+class InertFormatter(logging.Formatter):
+    """A formatter whose records cannot carry control characters or forge lines.
+
+    Messages quote calendar text (file names, hrefs, UIDs, titles): the whole
+    message is made inert (`gpuresa.inert.inert`), so a line break, carriage
+    return, escape sequence or bidi control in it is written as an escape. A
+    traceback keeps its lines, each made inert the same way.
+    """
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.message = inert(record.getMessage())
+        if self.usesTime():
+            record.asctime = self.formatTime(record, self.datefmt)
+        lines = [self.formatMessage(record)]
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        for block in (record.exc_text, record.stack_info and self.formatStack(record.stack_info)):
+            if block:
+                lines.extend(inert(line) for line in block.splitlines())
+        return self.join(lines, record)
+
+    def formatException(self, ei: Any) -> str:
+        """The traceback, with each exception's message (which may quote calendar
+        text, line breaks included) made one inert line; frame lines are code."""
+        chunks: list[str] = []
+        for chunk in traceback.TracebackException(*ei[:3]).format():
+            code = chunk.startswith(("  ", "Traceback", "\n"))
+            chunks.append(chunk if code else inert(chunk.rstrip("\n")) + "\n")
+        return "".join(chunks).rstrip("\n")
+
+    def join(self, lines: list[str], record: logging.LogRecord) -> str:
+        """The record's text from its (inert) lines."""
+        return "\n".join(lines)
+
+
+class JournalFormatter(InertFormatter):
+    """Prefix each line with the syslog priority journald understands (`<3>` = error).
+
+    Every line of a record (a traceback's too) carries the prefix, so no line
+    takes the priority journald gives unprefixed text, and since calendar
+    text is inert no line can start with a `<N>` of its own choosing.
+    """
 
     PRIORITIES: ClassVar[dict[int, int]] = {
         logging.CRITICAL: 2,
@@ -44,9 +87,9 @@ class JournalFormatter(logging.Formatter):
         logging.DEBUG: 7,
     }
 
-    def format(self, record: logging.LogRecord) -> str:
+    def join(self, lines: list[str], record: logging.LogRecord) -> str:
         priority = self.PRIORITIES.get(record.levelno, 6)
-        return f"<{priority}>{super().format(record)}"
+        return "\n".join(f"<{priority}>{line}" for line in lines)
 
 
 class CurrentStderrHandler(logging.StreamHandler):  # type: ignore[type-arg]

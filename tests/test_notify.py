@@ -518,7 +518,8 @@ def test_banner_names_the_end_and_hides_terminal_escapes() -> None:
     assert "Friday 2024-05-03 18:00 CEST (UTC+02:00)" in banner
     assert "/output" in banner
     assert "\x1b" not in banner and "\x07" not in banner
-    assert "Reservation: evil ]0;owned [2J second line" in banner
+    # escapes shown as text, the line break as a space
+    assert "Reservation: evil\\x1b]0;owned\\x07\\x1b[2J second line" in banner
 
 
 def test_wall_text_says_how_long_and_until_when() -> None:

@@ -444,9 +444,16 @@ def test_over_booking(
         bookings, make_config(), first_seen=first_seen, holding=frozenset(holding)
     )
     assert [item.key for item in resolved.reservations] == kept
+    by_key = {item.key: item for item in bookings}
     assert {item.key: item.reason.split(" which")[0] for item in resolved.rejected} == {
-        key: f"overlaps {first}" for key, first in conflicts.items()
+        key: f"overlaps another booking on host {by_key[key].host} from {_times(by_key[first])}"
+        for key, first in conflicts.items()
     }
+
+
+def _times(booking: Reservation) -> str:
+    """A booking as a conflict names it: by its UTC times."""
+    return f"{booking.start:%Y-%m-%d %H:%M} UTC to {booking.end:%Y-%m-%d %H:%M} UTC"
 
 
 def test_a_conflict_says_who_wins_and_why() -> None:
@@ -455,10 +462,13 @@ def test_a_conflict_says_who_wins_and_why() -> None:
         [first, booking("b", 9, 10, 2, 2)], make_config(), first_seen=seen(a=1, b=2)
     )
     [rejection] = resolved.rejected
+    # the other booking is named by host and time: its title and UID are its owner's
     assert rejection.reason == (
-        "overlaps 'alice — thesis run' (a) which was booked first: host gpu1 has 4 GPU(s) and "
-        "3 of them are taken during this time (this one asks for 2)"
+        "overlaps another booking on host gpu1 from 2026-03-10 08:00 UTC to 2026-03-10 12:00 UTC "
+        "which was booked first: the host has 4 GPU(s) and 3 of them are taken during this "
+        "time (this one asks for 2)"
     )
+    assert "alice" not in rejection.reason and "(a)" not in rejection.reason
     assert (rejection.user, rejection.start) == ("alice", datetime(2026, 3, 10, 9, tzinfo=UTC))
 
 
@@ -472,7 +482,9 @@ def test_extending_a_booking_into_a_running_one_rejects_the_extension() -> None:
     assert [item.key for item in resolved.reservations] == ["b"]
     [rejection] = resolved.rejected
     assert rejection.key == "a"
-    assert rejection.reason.startswith("overlaps b which already runs: ")
+    assert rejection.reason.startswith(
+        f"overlaps another booking on host gpu1 from {_times(running)} which already runs: "
+    )
 
 
 def test_hosts_with_uncounted_gpus_keep_everything() -> None:
@@ -526,7 +538,8 @@ def test_read_reservations_across_calendars_resolves_conflicts_and_duplicates() 
     ]
     by_key = {item.key: item for item in found.rejected}
     assert by_key.keys() == {"late", "early/copy/second/early"}
-    assert by_key["late"].reason.startswith("overlaps 'alice' (early) which was booked first")
+    assert by_key["late"].reason.startswith("overlaps another booking on host ")
+    assert "which was booked first" in by_key["late"].reason
     assert "already a booking in calendar first" in by_key["early/copy/second/early"].reason
     # once "late" holds a session, it keeps it
     found = read_reservations(
@@ -534,7 +547,8 @@ def test_read_reservations_across_calendars_resolves_conflicts_and_duplicates() 
     )
     assert [item.key for item in found.reservations] == ["late"]
     by_key = {item.key: item for item in found.rejected}
-    assert by_key["early"].reason.startswith("overlaps 'alice' (late) which already runs")
+    assert by_key["early"].reason.startswith("overlaps another booking on host ")
+    assert "which already runs" in by_key["early"].reason
 
 
 # --- the command ------------------------------------------------------------------------------

@@ -204,10 +204,11 @@ def test_librebooking_feed_hosts_from_location_tentative_and_over_booking() -> N
     assert reasons.keys() == {"69a6bbbb00002", "69a7dddd00004"}
     # both seen for the first time, so the UID decides (never CREATED, which the
     # booker writes): Trent's 2 GPUs do not fit beside Peggy's 3 on 4
-    assert reasons["69a6bbbb00002"].startswith(
-        "overlaps 'Peggy - gpu2' (69a5aaaa00001@booking.example.org) which was booked at the "
-        "same time"
-    )
+    assert reasons["69a6bbbb00002"].startswith("overlaps another booking on host gpu2 from ")
+    assert "which was booked at the same time" in reasons["69a6bbbb00002"]
+    # Peggy's booking is named by its time, never by her title or UID
+    assert "Peggy" not in reasons["69a6bbbb00002"]
+    assert "69a5aaaa" not in reasons["69a6bbbb00002"]
     assert "unknown host 'gpu3'" in reasons["69a7dddd00004"]
     trent = next(item for item in found.rejected if item.key.startswith("69a6bbbb"))
     assert (trent.user, trent.email) == ("trent", "trent@example.org")

@@ -383,7 +383,10 @@ def reference_instants(data: bytes, start: datetime, end: datetime) -> Instants 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             for calendar in icalendar.Calendar.from_ical(data, multiple=True):
-                for event in recurring_ical_events.of(calendar).between(start, end):
+                # the window on the site's clock: the reference reads dates and floating
+                # times on the clock of the window it is given, the reader on the site's
+                query = recurring_ical_events.of(calendar)
+                for event in query.between(start.astimezone(SITE), end.astimezone(SITE)):
                     if str(event.get("STATUS", "")).upper() == "CANCELLED":
                         continue
                     event_start = event.decoded("DTSTART")

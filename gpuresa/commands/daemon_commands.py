@@ -14,6 +14,7 @@ from typing import Any
 from gpuresa.config.schema import Invalid, parse_duration
 from gpuresa.config.sections import Config, load_config
 from gpuresa.errors import UserError
+from gpuresa.inert import echo
 from gpuresa.journal.store import Journal
 from gpuresa.outputs.disk import disk_report
 
@@ -215,30 +216,30 @@ def status_command(arguments: argparse.Namespace) -> int:
     if arguments.json:
         print(json.dumps(report, indent=2))
         return 0
-    print(f"host {report['host']}  ({report['engine']}: {report['docker']})")
-    print(f"\nrunning sessions ({len(report['sessions'])}):")
+    echo(f"host {report['host']}  ({report['engine']}: {report['docker']})")
+    echo(f"\nrunning sessions ({len(report['sessions'])}):")
     for item in report["sessions"]:
-        print(
+        echo(
             f"  {item['key']:<40} {item['user']:<12} GPUs {item['gpus']!s:<10} "
             f"ssh {item['ssh_port']} ftp {item['ftp_port']}  {item['since']} → {item['until']}"
             f"  [{item['state']}]  GPU use {_percent(item['gpu_use_now'])} now,"
             f" {_percent(item['gpu_use_average'])} average"
             f"  host ids {item['host_ids'] or 'none'}"
         )
-    print(f"\nupcoming reservations ({len(report['upcoming'])}):")
+    echo(f"\nupcoming reservations ({len(report['upcoming'])}):")
     for item in report["upcoming"]:
-        print(
+        echo(
             f"  {item['key']:<40} {item['user']:<12} {item['gpus']} GPU(s) {item['template']}"
             f"  {item['start']} → {item['end']}"
         )
     disk = report["output_disk"]
-    print(f"\noutput disk: {disk['summary']}  [{disk['level']}]")
+    echo(f"\noutput disk: {disk['summary']}  [{disk['level']}]")
     if disk["refusal"]:
-        print(f"  new sessions are refused: {disk['refusal']}")
-    print(f"\nrejected ({len(report['rejected'])}):")
+        echo(f"  new sessions are refused: {disk['refusal']}")
+    echo(f"\nrejected ({len(report['rejected'])}):")
     for item in report["rejected"]:
-        print(f"  {item['key']:<40} {item['reason']}")
-    print("\ncalendars:")
+        echo(f"  {item['key']:<40} {item['reason']}")
+    echo("\ncalendars:")
     for name, item in report["calendars"].items():
         freshness = (
             f"last read {item['stale_seconds']} s ago"
@@ -246,12 +247,12 @@ def status_command(arguments: argparse.Namespace) -> int:
             else "never read"
         )
         error = f"; last error: {item['last_error']}" if item["last_error"] else ""
-        print(f"  {name}: {freshness}{error}")
+        echo(f"  {name}: {freshness}{error}")
     outbox = report["outbox"]
-    print(f"\noutbox: {outbox['backlog']} e-mail(s) waiting")
+    echo(f"\noutbox: {outbox['backlog']} e-mail(s) waiting")
     for item in outbox["oldest"]:
         error = f"; last error: {item['last_error']}" if item["last_error"] else ""
-        print(
+        echo(
             f"  {item['key']:<40} {item['kind'] or '-':<12} to {item['address']}  queued "
             f"{item['queued']}, {item['attempts']} attempt(s), next {item['next_try']}{error}"
         )
@@ -267,12 +268,12 @@ def history_command(arguments: argparse.Namespace) -> int:
         journal.close()
     for entry in entries:
         detail = f"  {entry.detail}" if entry.detail else ""
-        print(
+        echo(
             f"{entry.at.astimezone(UTC):%Y-%m-%d %H:%M:%S}  {entry.key:<40} "
             f"{entry.user or '-':<12} {entry.kind:<6} {entry.what}{detail}"
         )
     if not entries:
-        print("no history" + (f" for {arguments.user}" if arguments.user else ""))
+        echo("no history" + (f" for {arguments.user}" if arguments.user else ""))
     from gpuresa.gpus.usage_store import open_usage
 
     store = open_usage(config.daemon.state_dir)
@@ -283,9 +284,9 @@ def history_command(arguments: argparse.Namespace) -> int:
             store.close()
         shown = [use for use in ended.values() if arguments.user in (None, use.user)]
         if shown:
-            print("\nGPU use of ended sessions:")
+            echo("\nGPU use of ended sessions:")
         for use in sorted(shown, key=lambda item: item.first):
-            print(
+            echo(
                 f"  {use.key:<40} {use.user:<12} average {_percent(use.average_utilization)}"
                 f" over {use.samples} sample(s), {use.first:%Y-%m-%d %H:%M} → "
                 f"{use.last:%Y-%m-%d %H:%M}"
@@ -315,9 +316,9 @@ def plan_command(arguments: argparse.Namespace) -> int:
             journal.close()
     mine = [item for item in report.reservations.reservations if item.host == config.daemon.host]
     actions = plan(mine, sessions, inventory, now, config, Memory(known=known))
-    print(f"at {now.isoformat()} on {config.daemon.host}: {len(actions)} action(s)")
+    echo(f"at {now.isoformat()} on {config.daemon.host}: {len(actions)} action(s)")
     for action in actions:
-        print(f"  {action.describe()}")
+        echo(f"  {action.describe()}")
     return 0
 
 

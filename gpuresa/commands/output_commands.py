@@ -10,6 +10,7 @@ from typing import Any
 from gpuresa.commands.template_commands import docker_errors
 from gpuresa.config.sections import load_config
 from gpuresa.errors import UserError
+from gpuresa.inert import echo
 from gpuresa.outputs.disk import disk_warnings
 from gpuresa.outputs.records import OutputFolder, folder_bytes
 from gpuresa.outputs.service import OutputService
@@ -67,14 +68,14 @@ def list_command(arguments: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     if not rows:
-        print("no outputs")
+        echo("no outputs")
         return 0
-    print(f"{'USER':<12} {'SIZE':>10} {'ENDED':<17} {'REMOVAL':<17} PATH")
+    echo(f"{'USER':<12} {'SIZE':>10} {'ENDED':<17} {'REMOVAL':<17} PATH")
     for row in rows:
         ended = "in use" if row["in_use"] else (row["ended"] or "?")[:16]
         removal = "never" if row["removal"] is None else row["removal"][:16]
         size = f"{row['bytes'] / 1024**2:.1f} MiB"
-        print(f"{row['user']:<12} {size:>10} {ended:<17} {removal:<17} {row['path']}")
+        echo(f"{row['user']:<12} {size:>10} {ended:<17} {removal:<17} {row['path']}")
     return 0
 
 
@@ -84,22 +85,22 @@ def prune_command(arguments: argparse.Namespace) -> int:
         removed = service.prune(datetime.now(UTC), dry_run=arguments.dry_run)
     verb = "would remove" if arguments.dry_run else "removed"
     for folder in removed:
-        print(f"{verb} {folder.path} ({folder.user})")
+        echo(f"{verb} {folder.path} ({folder.user})")
     if not removed:
-        print("nothing to remove")
+        echo("nothing to remove")
     return 0
 
 
 def serve_command(arguments: argparse.Namespace) -> int:
     service = _service(arguments)
     for warning in disk_warnings(service.config):
-        print(f"warning: {warning}")
+        echo(f"warning: {warning}")
     with docker_errors():
         try:
             state = service.ensure_running()
         except SessionError as error:
             raise UserError(f"the output service could not be started: {error}") from None
-    print(f"output service {state.action} on port {state.port} for {len(state.logins)} login(s)")
+    echo(f"output service {state.action} on port {state.port} for {len(state.logins)} login(s)")
     return 0
 
 

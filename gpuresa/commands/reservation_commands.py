@@ -13,6 +13,7 @@ from zoneinfo import ZoneInfo
 
 from gpuresa.config.sections import CalendarConfig, Config, load_config
 from gpuresa.errors import UserError
+from gpuresa.inert import echo, inert
 from gpuresa.model import Rejection, Reservation, ReservationSet
 from gpuresa.reservations.rules import read_reservations
 from gpuresa.reservations.sources import SourceError, open_source
@@ -153,7 +154,7 @@ def _read_source(
         if not snapshot:
             raise UserError(f"{error} (and no snapshot of it is kept yet)") from None
         when = source.last_success.isoformat() if source.last_success else "an unknown time"
-        print(f"gpuresa: {error}; showing its last snapshot (from {when})", file=sys.stderr)
+        print(inert(f"gpuresa: {error}; showing its last snapshot (from {when})"), file=sys.stderr)
         return dict(snapshot)
 
 
@@ -201,7 +202,7 @@ def print_table(
     def shown(moment: datetime) -> str:
         return moment.astimezone(zone).strftime("%Y-%m-%d %H:%M")
 
-    print(
+    echo(
         f"Reservations from {shown(window_start)} to {shown(window_end)} ({zone.key}): "
         f"{len(found.reservations)}"
     )
@@ -220,11 +221,13 @@ def print_table(
             )
             for reservation in found.reservations
         ]
-        widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]) - 1)]
-        for row in rows:
+        # cells made inert before they are measured, so the columns stay aligned
+        shown_rows = [[inert(cell) for cell in row] for row in rows]
+        widths = [max(len(row[column]) for row in shown_rows) for column in range(len(rows[0]) - 1)]
+        for row in shown_rows:
             cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
-            print("  " + "  ".join([*cells, row[-1]]))
-    print(f"\nRejected: {len(found.rejected)}")
+            echo("  " + "  ".join([*cells, row[-1]]))
+    echo(f"\nRejected: {len(found.rejected)}")
     for rejection in found.rejected:
         when = f"{shown(rejection.start)} " if rejection.start is not None else ""
-        print(f"  {when}{rejection.key} ({rejection.calendar}): {rejection.reason}")
+        echo(f"  {when}{rejection.key} ({rejection.calendar}): {rejection.reason}")

@@ -16,6 +16,7 @@ from gpuresa.commands.template_commands import docker_errors
 from gpuresa.config.schema import Invalid, parse_duration
 from gpuresa.config.sections import Config, load_config
 from gpuresa.errors import UserError
+from gpuresa.inert import echo
 from gpuresa.model import Session
 from gpuresa.planning.planner import AD_HOC_PREFIX
 from gpuresa.runtime import Runtime
@@ -120,7 +121,7 @@ def start_command(arguments: argparse.Namespace) -> int:
         runtime.ensure_image(spec.template, spec.cuda)
         runtime.ensure_ftp_image()
         session = runtime.start(spec, ready_timeout=arguments.timeout)
-    print(describe(session, config))
+    echo(describe(session, config))
     return 0
 
 
@@ -174,7 +175,7 @@ def list_command(arguments: argparse.Namespace) -> int:
         print(json.dumps([_plain(session) for session in sessions], indent=2))
         return 0
     if not sessions:
-        print(f"no sessions on {config.daemon.host}")
+        echo(f"no sessions on {config.daemon.host}")
         return 0
     timezone = ZoneInfo(config.reservations.timezone)
     rows = [("KEY", "USER", "STATE", "TEMPLATE", "GPUS", "SSH", "FTP", "ENDS")]
@@ -193,9 +194,7 @@ def list_command(arguments: argparse.Namespace) -> int:
         )
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
     for row in rows:
-        print(
-            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        )
+        echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
     return 0
 
 
@@ -212,7 +211,7 @@ def stop_command(arguments: argparse.Namespace) -> int:
         session = runtime.session(arguments.key)
         runtime.stop(arguments.key, grace)
     if session is None:
-        print(f"no session {arguments.key} on {config.daemon.host}: nothing to stop")
+        echo(f"no session {arguments.key} on {config.daemon.host}: nothing to stop")
     else:
-        print(f"session {arguments.key} stopped; output kept in {session.output_dir}")
+        echo(f"session {arguments.key} stopped; output kept in {session.output_dir}")
     return 0

@@ -315,6 +315,9 @@ def _timing(component: Component, zones: Zones, fallback: _Timing | None = None)
             start = datetime.combine(start, time(), end.tzinfo)
         elif isinstance(start, datetime) and not isinstance(end, datetime):
             end = datetime.combine(end, time(), start.tzinfo)
+        if end < start:  # both dates or both date-times here
+            # RFC 5545 §3.8.2.2 wants DTEND later; the reference swaps them: a guess
+            raise EventError("it ends before it starts")
         if isinstance(start, datetime) and isinstance(end, datetime):
             exact = int((end - start).total_seconds())
             return _Timing(start, Duration(0, exact), end.astimezone(UTC))
@@ -761,9 +764,16 @@ def _expand_series(
                 # a day counts when its 00:00 on UNTIL's own clock (UTC for "Z") is not after
                 # it, as the reference readers take it
                 utc = value.strip().upper().endswith("Z")
-                return (until.astimezone(UTC) if utc else until).replace(tzinfo=None)
-            return until.astimezone(zone).replace(tzinfo=None)
-        return datetime.combine(until, time(23, 59, 59))
+                wall = (until.astimezone(UTC) if utc else until).replace(tzinfo=None)
+            else:
+                wall = until.astimezone(zone).replace(tzinfo=None)
+        else:
+            wall = datetime.combine(until, time(23, 59, 59))
+        if wall < start_wall:
+            # RFC 5545 counts DTSTART as the first instance, the reference finds none:
+            # which the booker meant is a guess
+            raise EventError(f"RRULE UNTIL {value.strip()!r} is before DTSTART")
+        return wall
 
     walls: set[datetime] = set()
     rules = master.all("RRULE")

@@ -10,7 +10,10 @@ Much of what ends up in a message was typed by a person in a booking form (the
 occurrence key comes from the event's UID, a rejection's reason quotes the
 bad value, the address may come from the event). Headers are therefore folded
 to one line of printable text, recipient addresses must be plain ASCII
-addr-specs, and the in-container texts drop terminal control characters.
+addr-specs, every body is made inert line by line (`gpuresa.inert`: control,
+bidi and other invisible characters written as escapes) when it is composed,
+and the in-container texts are made inert the same way. A notice quotes only
+its own user's booking: a conflict names the other booking by host and time.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from zoneinfo import ZoneInfo
 from gpuresa.config.schema import format_duration
 from gpuresa.config.sections import NotifyConfig, UsersConfig, read_secret
 from gpuresa.errors import UserError
+from gpuresa.inert import inert, inert_lines
 from gpuresa.model import Rejection, Session
 
 log = logging.getLogger(__name__)
@@ -43,8 +47,8 @@ SUBJECT_LIMIT = 200
 # A plain addr-spec: no display name, no spaces, commas or line breaks, ASCII only.
 ADDRESS = re.compile(r"[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?")
 WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
-# Control characters (C0, DEL, C1) and the Unicode line and paragraph separators.
-CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# Line breaks and blanks of every kind: one space each in a one-line text.
+BREAKS = re.compile(r"[\t\n\v\f\r\x1c-\x1f\x85\u2028\u2029]")
 
 
 class NotifyError(Exception):
@@ -66,10 +70,11 @@ def valid_address(address: str | None) -> str | None:
 
 
 def one_line(text: str, limit: int | None = None) -> str:
-    """`text` as one line of printable characters: every run of control characters
-    and white space becomes one space; cut to `limit` characters (with "…") if given.
+    """`text` as one line of printable characters: every run of line breaks and
+    white space becomes one space, every other control or format character an
+    escape (`gpuresa.inert`); cut to `limit` characters (with "…") if given.
     """
-    flattened = " ".join(CONTROL.sub(" ", text).split())
+    flattened = " ".join(inert(BREAKS.sub(" ", text)).split())
     if limit is not None and len(flattened) > limit:
         flattened = flattened[: limit - 1].rstrip() + "…"
     return flattened
@@ -77,13 +82,9 @@ def one_line(text: str, limit: int | None = None) -> str:
 
 def printable(text: str) -> str:
     """`text` safe to show on a terminal: line breaks and tabs kept, every other
-    control character (escape sequences included) replaced by "?".
+    control or format character (escape sequences, bidi controls) written as an escape.
     """
-    return CONTROL.sub(_keep_line_breaks, text)
-
-
-def _keep_line_breaks(match: re.Match[str]) -> str:
-    return match.group() if match.group() in "\n\t" else "?"
+    return inert_lines(text)
 
 
 class Notifier:
@@ -244,7 +245,8 @@ class Notifier:
             message["Cc"] = ", ".join(copy)
         message.set_raw("Subject", _encoded_subject(one_line(subject, SUBJECT_LIMIT)))
         message["Auto-Submitted"] = "auto-generated"
-        text = body if body.endswith("\n") else body + "\n"
+        # the one place every body passes: calendar text in it cannot hide or reorder itself
+        text = inert_lines(body if body.endswith("\n") else body + "\n")
         # 7bit when it can be; quoted-printable otherwise, so no 8BITMIME is needed
         message.set_content(
             text, charset="utf-8", cte=None if text.isascii() else "quoted-printable"
@@ -541,7 +543,7 @@ def rejection_message(rejection: Rejection, timezone: str) -> tuple[str, str]:
 
 your booking in the calendar "{rejection.calendar}" cannot be served:
 
-  Reason:    {rejection.reason}{period}
+  Reason:    {one_line(rejection.reason)}{period}
 
 No session will start for it. Change the booking in the calendar and it
 will be checked again.
@@ -589,7 +591,7 @@ Hello {user},
 
 your GPU session{where} could not be started:
 
-  {error}
+  {one_line(error)}
 
 The administrators received a copy of this message. If the session starts
 later on, you will get the usual notice.

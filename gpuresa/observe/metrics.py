@@ -19,6 +19,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from gpuresa.inert import inert
 from gpuresa.observe.state import ObservedState
 
 SESSION_STATES = ("created", "running", "stopped")
@@ -95,7 +96,10 @@ class StateCollector(Collector):
             "gpuresa_gpu_memory_used_bytes", "GPU memory in use", labels=labels
         )
         for gpu in state.gpus:
-            values = [str(gpu.index), gpu.uuid, gpu.user or "", gpu.key or ""]
+            # keys are event UIDs: inert, so no control or bidi character reaches a label
+            values = [
+                inert(item) for item in (str(gpu.index), gpu.uuid, gpu.user or "", gpu.key or "")
+            ]
             if gpu.utilization is not None:
                 utilization.add_metric(values, gpu.utilization)
             if gpu.memory_used is not None:
@@ -133,11 +137,12 @@ class StateCollector(Collector):
             "gpuresa_calendar_up", "1 when the last read of a calendar worked", labels=["calendar"]
         )
         for calendar in state.calendars:
-            up.add_metric([calendar.name], 0 if calendar.last_error else 1)
+            name = inert(calendar.name)
+            up.add_metric([name], 0 if calendar.last_error else 1)
             if calendar.last_success is not None:
-                success.add_metric([calendar.name], calendar.last_success.timestamp())
+                success.add_metric([name], calendar.last_success.timestamp())
                 stale = state.taken - calendar.last_success
-                age.add_metric([calendar.name], stale.total_seconds())
+                age.add_metric([name], stale.total_seconds())
         yield success
         yield age
         yield up

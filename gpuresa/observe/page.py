@@ -2,7 +2,8 @@
 
 Plain HTML and CSS, no script: the server forbids scripts outright (its
 Content-Security-Policy), and every text that came from a calendar (keys are
-event UIDs, reasons quote event fields) goes through `html.escape`. Shows
+event UIDs, reasons quote event fields) goes through `gpuresa.inert.inert` and
+`html.escape`. Shows
 logins, reservation keys and SSH ports; never FTP passwords or e-mail addresses
 (the `ObservedState` does not hold them).
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, tzinfo
 from html import escape
 
+from gpuresa.inert import inert
 from gpuresa.observe.state import BookingView, ObservedState, SessionView
 
 # one colour per state; the page test finds the timeline's bars by them
@@ -52,7 +54,8 @@ td.number { text-align: right; font-variant-numeric: tabular-nums; }
 
 
 def _text(value: object) -> str:
-    return escape(str(value), quote=True)
+    # inert first: control and bidi characters become visible escapes, then HTML-escaped
+    return escape(inert(str(value)), quote=True)
 
 
 def _when(instant: datetime | None, zone: tzinfo) -> str:

@@ -624,19 +624,24 @@ def _conflict_reason(
     first_seen: Mapping[str, datetime],
     holding: AbstractSet[str],
 ) -> str:
-    """Why `reservation` loses to `winner`, for its user: who, why, and the GPU count."""
+    """Why `reservation` loses to `winner`, for its user: when the other is, why, the GPU count."""
     if winner.key in holding:
         why = "which already runs"
     elif first_seen.get(winner.key, _LATEST) < first_seen.get(reservation.key, _LATEST):
         why = "which was booked first"
     else:
         why = "which was booked at the same time (the UID decides)"
-    summary = _clean(winner.summary)[:60]
-    name = f"{summary!r} ({winner.key})" if summary and summary != winner.key else winner.key
+    # the other booking is someone else's: named by its time only, never by its text or UID
+    other = f"{_utc(winner.start)} to {_utc(winner.end)}"
     return (
-        f"overlaps {name} {why}: host {reservation.host} has {count} GPU(s) and {used} of "
-        f"them are taken during this time (this one asks for {reservation.gpus})"
+        f"overlaps another booking on host {reservation.host} from {other} {why}: the host has "
+        f"{count} GPU(s) and {used} of them are taken during this time "
+        f"(this one asks for {reservation.gpus})"
     )
+
+
+def _utc(instant: datetime) -> str:
+    return instant.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def resolve_conflicts(
