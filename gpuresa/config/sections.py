@@ -15,6 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 
+from gpuresa.config.database import url_problem
 from gpuresa.config.schema import (
     Field,
     Loader,
@@ -431,8 +432,6 @@ def _grr_checks(index: int, calendar: CalendarConfig, host_names: list[str]) -> 
     if calendar.kind != "grr":
         grr_only = [key for key in ("unix_socket", "rooms") if getattr(calendar, key)]
         return [f'{where}.{key}: only for a calendar of kind "grr"' for key in grr_only]
-    from gpuresa.reservations.sources.grr_connection import url_problem
-
     problems = []
     problem = url_problem(calendar.url)
     if problem is not None:
