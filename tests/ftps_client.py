@@ -97,4 +97,4 @@ class Ftps:
 
     def names(self, folder: str = ".") -> list[str]:
         """The names in `folder` (NLST)."""
-        return sorted(self.run(f"cls -1 {_quoted(folder)}").split())
+        return sorted(self.run(f"cd {_quoted(folder)}", "cls -1").split())
