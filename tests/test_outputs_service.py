@@ -39,6 +39,7 @@ from gpuresa.outputs.credentials import HostCredentials, known_hosts_lines
 from gpuresa.outputs.messages import start_details
 from gpuresa.outputs.owners import output_owner
 from gpuresa.outputs.service import OutputService
+from gpuresa.runtime.payload import ftp_name
 
 __all__ = ["host_login"]  # a fixture of test_runtime.py, used here too
 
@@ -315,6 +316,12 @@ def test_a_data_connection_that_does_not_resume_the_tls_session_is_refused(site:
     context = ssl.create_default_context(cafile=str(HostCredentials(site.config).tls_files()[0]))
     context.check_hostname = False  # the certificate names the host's public name
     refused = (ftplib.Error, ssl.SSLError, OSError, EOFError)
+    # what vsftpd runs with: TLS session reuse, passive data from the control's address
+    sidecar = site.client.containers.get(ftp_name(session.host, session.key))
+    code, effective = sidecar.exec_run(["cat", "/etc/vsftpd-gpuresa.conf"])
+    settings = effective.decode().splitlines()
+    assert code == 0 and "require_ssl_reuse=YES" in settings
+    assert "pasv_promiscuous=NO" in settings and "pasv_promiscuous=YES" not in settings
 
     def logged_in() -> ftplib.FTP_TLS:
         ftps = ftplib.FTP_TLS(context=context)
