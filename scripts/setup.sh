@@ -65,6 +65,12 @@ if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/
     apt_install chromium
 fi
 
+# lftp is the FTPS client of the tests: the sidecars require the data connection
+# to resume the control connection's TLS session, which Python's ftplib cannot
+if ! command -v lftp >/dev/null 2>&1; then
+    apt_install lftp
+fi
+
 # --- 2. Docker engine --------------------------------------------------------
 # /etc/docker/daemon.json must say "userns-remap" (a session's root is not the
 # host's) and "live-restore": true (an engine upgrade or restart leaves running

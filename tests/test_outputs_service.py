@@ -29,6 +29,7 @@ from typing import Any
 import paramiko
 import pytest
 from conftest import DockerHarness
+from ftps_client import Ftps
 from test_runtime import Site, free_block, host_login, make_site, run, ssh_login
 
 from gpuresa.config.sections import Config
@@ -39,6 +40,7 @@ from gpuresa.outputs.messages import start_details
 from gpuresa.outputs.owners import output_owner
 from gpuresa.outputs.service import OutputService
 from gpuresa.runtime.output_area import running_path
+from gpuresa.runtime.payload import ftp_name
 
 __all__ = ["host_login"]  # a fixture of test_runtime.py, used here too
 
@@ -284,23 +286,65 @@ def test_sessions_and_the_service_show_the_host_keys_of_the_start_email(
 
 def test_the_ftp_sidecar_speaks_tls_and_refuses_plain_ftp(site: Site) -> None:
     session = session_with_file(site, "alice", "over-tls")
-    context = ssl.create_default_context(cafile=str(HostCredentials(site.config).tls_files()[0]))
-    context.check_hostname = False  # the certificate names the host's public name
-    ftps = ftplib.FTP_TLS(context=context)
-    ftps.trust_server_pasv_ipv4_address = True  # type: ignore[attr-defined]
-    ftps.connect("127.0.0.1", session.ftp_port, timeout=10)
-    ftps.login(session.ftp_user, session.ftp_password)
-    ftps.prot_p()
-    buffer = io.BytesIO()
-    ftps.retrbinary("RETR result.txt", buffer.write)
-    assert buffer.getvalue() == b"over-tls\n"
-    ftps.quit()
+    cafile = HostCredentials(site.config).tls_files()[0]
+    # lftp resumes the control connection's TLS session on each data connection
+    ftps = Ftps(session.ftp_port, session.ftp_user, session.ftp_password, cafile=cafile)
+    assert ftps.download("result.txt") == b"over-tls\n"
+    ftps.upload("uploaded.txt", b"up over tls\n")
+    assert ftps.download("uploaded.txt") == b"up over tls\n"
+    assert (session.output_dir / "uploaded.txt").read_bytes() == b"up over tls\n"
+    # curl does as well (the certificate was checked above; it names the public host)
+    curl = subprocess.run(
+        ["curl", "--silent", "--show-error", "--ssl-reqd", "--insecure",
+         "--ftp-pasv", "--max-time", "30", "--netrc-file", "/dev/stdin",
+         f"ftp://127.0.0.1:{session.ftp_port}/result.txt"],
+        input=f"machine 127.0.0.1 login {session.ftp_user} password {session.ftp_password}\n",
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert (curl.returncode, curl.stdout) == (0, "over-tls\n"), curl.stderr
 
     plain = ftplib.FTP()
     plain.connect("127.0.0.1", session.ftp_port, timeout=10)
     with pytest.raises(ftplib.error_perm, match="530"):
         plain.login(session.ftp_user, session.ftp_password)
     plain.close()
+
+
+def test_a_data_connection_that_does_not_resume_the_tls_session_is_refused(site: Site) -> None:
+    """Who races for the passive port from the same address has a TLS session of its
+    own: Python's ftplib is such a client (it opens a fresh TLS session for data)."""
+    session = session_with_file(site, "alice", "secret output")
+    context = ssl.create_default_context(cafile=str(HostCredentials(site.config).tls_files()[0]))
+    context.check_hostname = False  # the certificate names the host's public name
+    refused = (ftplib.Error, ssl.SSLError, OSError, EOFError)
+    # what vsftpd runs with: TLS session reuse, passive data from the control's address
+    sidecar = site.client.containers.get(ftp_name(session.host, session.key))
+    code, effective = sidecar.exec_run(["cat", "/etc/vsftpd-gpuresa.conf"])
+    settings = effective.decode().splitlines()
+    assert code == 0 and "require_ssl_reuse=YES" in settings
+    assert "pasv_promiscuous=NO" in settings and "pasv_promiscuous=YES" not in settings
+
+    def logged_in() -> ftplib.FTP_TLS:
+        ftps = ftplib.FTP_TLS(context=context)
+        ftps.trust_server_pasv_ipv4_address = True  # type: ignore[attr-defined]
+        ftps.connect("127.0.0.1", session.ftp_port, timeout=10)
+        ftps.login(session.ftp_user, session.ftp_password)
+        ftps.prot_p()
+        return ftps
+
+    received = io.BytesIO()
+    ftps = logged_in()
+    with pytest.raises(refused) as download:
+        ftps.retrbinary("RETR result.txt", received.write)
+    assert received.getvalue() == b""
+    assert "522" in str(download.value), download.value
+    ftps.close()
+    ftps = logged_in()
+    with pytest.raises(refused):
+        ftps.storbinary("STOR planted.txt", io.BytesIO(b"planted\n"))
+    ftps.close()
+    planted = session.output_dir / "planted.txt"
+    assert not planted.exists() or planted.read_bytes() == b""
 
 
 def test_plain_ftp_is_accepted_when_the_config_asks(site: Site) -> None:

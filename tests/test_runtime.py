@@ -9,7 +9,7 @@ Docker alone, through `docker_site`, to keep the suite short.
 Each test gets a site of its own in tmp_path (keys, input, output, state) and
 free port ranges on 127.0.0.1; every container and network carries the test
 host's label, so `docker_harness` removes them and prints their logs when a
-test fails. Users log in with paramiko and fetch files with ftplib, as a
+test fails. Users log in with paramiko and fetch files with lftp (FTPS), as a
 person would with ssh and an FTP client.
 """
 
@@ -17,15 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import ftplib
-import io
 import json
 import os
 import pwd
 import random
 import shutil
 import socket
-import ssl
 import stat
 import subprocess
 import time
@@ -39,6 +36,7 @@ from typing import Any
 import paramiko
 import pytest
 from conftest import BASE_IMAGE, PODMAN_SOCKET, TEST_HOST, DockerHarness
+from ftps_client import Ftps, FtpsError
 
 from gpuresa.cli import main
 from gpuresa.config.sections import Config, parse_config
@@ -256,29 +254,16 @@ def run(client: paramiko.SSHClient, command: str) -> tuple[int, str]:
 
 
 @contextlib.contextmanager
-def ftp_login(session: Session, user: str, password: str) -> Iterator[ftplib.FTP]:
-    # FTPS, as sidecars require; the certificate itself is checked in test_outputs_service.py
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
-    ftp = ftplib.FTP_TLS(context=context)
-    # use the address the server announces in PASV, as most FTP clients do
-    ftp.trust_server_pasv_ipv4_address = True  # type: ignore[attr-defined]  # not in typeshed
-    ftp.connect("127.0.0.1", session.ftp_port, timeout=10)
-    ftp.login(user, password)
-    ftp.prot_p()
-    ftp.set_pasv(True)
-    try:
-        yield ftp
-    finally:
-        with contextlib.suppress(OSError, ftplib.Error):
-            ftp.quit()
+def ftp_login(session: Session, user: str, password: str) -> Iterator[Ftps]:
+    """FTPS, as sidecars require, logged in; the certificate itself is checked in
+    test_outputs_service.py. Raises `FtpsError` when the login is refused."""
+    ftp = Ftps(session.ftp_port, user, password)
+    ftp.login()
+    yield ftp
 
 
-def download(ftp: ftplib.FTP, name: str) -> bytes:
-    buffer = io.BytesIO()
-    ftp.retrbinary(f"RETR {name}", buffer.write)
-    return buffer.getvalue()
+def download(ftp: Ftps, name: str) -> bytes:
+    return ftp.download(name)
 
 
 def leftovers(site: Site, key: str) -> list[str]:
@@ -317,11 +302,9 @@ def test_a_session_gives_ssh_with_sudo_inputs_and_ftp(site: Site) -> None:
 
     with ftp_login(session, session.ftp_user, session.ftp_password) as ftp:
         assert download(ftp, "from-ssh.txt") == b"from-ssh\n"
-        ftp.storbinary("STOR from-ftp.txt", io.BytesIO(b"from-ftp\n"))
+        ftp.upload("from-ftp.txt", b"from-ftp\n")
         # chrooted: the output folder is all there is
-        ftp.cwd("/..")
-        assert ftp.pwd() == "/"
-        assert sorted(ftp.nlst()) == ["from-ftp.txt", "from-ssh.txt"]
+        assert ftp.names("/..") == ["from-ftp.txt", "from-ssh.txt"]
 
     with ssh_login(session, "alice", site.key("alice")) as client:
         assert run(client, "cat /output/from-ftp.txt") == (0, "from-ftp\n")
@@ -412,12 +395,12 @@ def test_two_sessions_are_kept_apart(site: Site) -> None:
         pass
     # a session's FTP password opens that session's output only
     assert first.ftp_password != second.ftp_password
-    with pytest.raises(ftplib.error_perm), ftp_login(second, second.ftp_user, first.ftp_password):
+    with pytest.raises(FtpsError), ftp_login(second, second.ftp_user, first.ftp_password):
         pass
-    with pytest.raises(ftplib.error_perm), ftp_login(first, second.ftp_user, second.ftp_password):
+    with pytest.raises(FtpsError), ftp_login(first, second.ftp_user, second.ftp_password):
         pass
     with ftp_login(first, first.ftp_user, first.ftp_password) as ftp:
-        assert ftp.nlst() == ["alice.txt"]
+        assert ftp.names() == ["alice.txt"]
 
 
 # --- stop, adopt, idempotence -----------------------------------------------------------------

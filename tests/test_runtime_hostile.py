@@ -38,6 +38,7 @@ from test_runtime import (  # the module's image fixture and site helpers
     without_user_namespaces,
 )
 
+from gpuresa.mail.notices import FTP_PASSWORD_PATH
 from gpuresa.runtime import (
     EngineTimeout,
     ImageMissing,
@@ -231,6 +232,8 @@ def test_a_removed_sidecar_is_made_again_and_the_users_container_keeps_running(
     assert again.ftp_password and again.ftp_password != session.ftp_password
     with ssh_login(again, "alice", site.key("alice")) as client:
         assert run(client, f"kill -0 {job} && echo alive")[1].strip() == "alive"
+        # the session shows the new password
+        assert run(client, f"cat {FTP_PASSWORD_PATH}") == (0, again.ftp_password + "\n")
     with ftp_login(again, again.ftp_user, again.ftp_password) as ftp:
         assert download(ftp, "work.txt") == b"work\n"
 

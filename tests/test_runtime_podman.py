@@ -8,7 +8,6 @@ hostile steps run on both engines: the Docker run shows the test can fail.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 from pathlib import Path
@@ -53,7 +52,7 @@ def test_two_sessions_of_one_login_get_host_ids_of_their_own_on_podman(site: Sit
     with ssh_login(first, "alice", site.key("alice")) as client:
         assert run(client, "echo mine > /output/result.txt; chmod 644 /output/result.txt")[0] == 0
     with ftp_login(second, second.ftp_user, second.ftp_password) as ftp:
-        ftp.storbinary("STOR upload.txt", io.BytesIO(b"uploaded\n"))
+        ftp.upload("upload.txt", b"uploaded\n")
     first_output, second_output = running_output(site, first), running_output(site, second)
     owner_first = (first_output / "result.txt").stat().st_uid
     owner_second = (second_output / "upload.txt").stat().st_uid

@@ -72,10 +72,20 @@ class Notices:
         return bool(self.outbox.enqueue(key, kind, admin, f"{SUBJECT_PREFIX} {subject}", body))
 
     def start(self, session: Session, email: str | None) -> bool:
-        """The start notice (SSH line, FTP details); again only when these details change."""
+        """The start notice (SSH line, FTP details); again only when these details change.
+
+        The FTP password goes only to an address the site configured for the
+        login: one from the calendar is whoever wrote the booking, and may name
+        any login. That address gets the notice without it (the session shows it).
+        """
         kind = "start-" + _digest(session.ssh_port, session.ftp_port, session.ftp_password)
+        configured = self.notifier.configured_address(session.user)
         message = start_message(
-            session, self._public_host(), self._timezone, details=self._start_details(session)
+            session,
+            self._public_host(),
+            self._timezone,
+            details=self._start_details(session),
+            password_in_mail=configured is not None,
         )
         return self._to_user(session.key, kind, session.user, email or session.email, message)
 

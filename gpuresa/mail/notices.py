@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 
 SUBJECT_PREFIX = "[gpuresa]"
 OUTPUT_TARGET = Path("/output")
+# where a session shows its FTP password to its user (see gpuresa.runtime.session_files)
+FTP_PASSWORD_PATH = Path("/etc/gpuresa/session/ftp-password")
 # Longest Subject kept; the rest of a long (user-supplied) text is cut.
 SUBJECT_LIMIT = 200
 # A plain addr-spec: no display name, no spaces, commas or line breaks, ASCII only.
@@ -132,6 +134,20 @@ class Notifier:
             if valid_address(email):
                 return valid_address(email)
             log.warning("the booking of %s gives an invalid address %r; not used", user, email)
+        return None
+
+    def configured_address(self, user: str) -> str | None:
+        """Where the site says notices for `user` go (`users.emails`, else
+        `email_domain`), or None: the only addresses a secret is e-mailed to."""
+        configured = self.users.emails.get(user)
+        if configured is not None:
+            return valid_address(configured) or (
+                valid_address(f"{user}@{self.users.email_domain}")
+                if self.users.email_domain
+                else None
+            )
+        if self.users.email_domain:
+            return valid_address(f"{user}@{self.users.email_domain}")
         return None
 
     def send(
@@ -433,8 +449,13 @@ def start_message(
     *,
     output_target: Path = OUTPUT_TARGET,
     details: str = "",
+    password_in_mail: bool = True,
 ) -> tuple[str, str]:
     """The notice sent when a session starts: how to log in, FTP access, the end.
+
+    Without `password_in_mail` (an address that came from the calendar, which
+    anyone may write) the FTP password is left out: the user reads it in the
+    session, at `FTP_PASSWORD_PATH`.
 
     Given the running session (with its FTP credentials), the host name users
     connect to (`[[hosts]].public_name`, else its name) and the site time zone;
@@ -445,6 +466,9 @@ def start_message(
     end = format_time(session.end, timezone)
     until = format_clock(session.end, timezone, offset=False)
     subject = f"{SUBJECT_PREFIX} Your GPU session on {session.host} is ready, until {until}"
+    password = (
+        session.ftp_password if password_in_mail else f"in the session: cat {FTP_PASSWORD_PATH}"
+    )
     body = f"""\
 Hello {session.user},
 
@@ -464,10 +488,11 @@ stops. While the session runs, {output_target} is also served over FTPS
   FTP host:      {public_host}
   FTP port:      {session.ftp_port}
   FTP login:     {session.ftp_user}
-  FTP password:  {session.ftp_password}
+  FTP password:  {password}
   Passive ports: {session.ftp_passive_first}-{session.ftp_passive_last}
 
-For example:
+With a client that keeps one TLS session for the whole login (lftp, FileZilla,
+WinSCP, curl), for example:
   lftp -e "set ftp:ssl-force true" -p {session.ftp_port} -u {session.ftp_user} {public_host}
 {details}
 You will be warned by e-mail and in the session before the end.

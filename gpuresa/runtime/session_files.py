@@ -33,7 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePath
 from zoneinfo import ZoneInfo
 
-from gpuresa.mail.notices import printable
+from gpuresa.mail.notices import FTP_PASSWORD_PATH, printable
 from gpuresa.runtime.errors import SessionError
 from gpuresa.runtime.payload import safe_key, utc_text
 
@@ -43,6 +43,10 @@ FOLDER_MODE = 0o755
 # the login gate's file name (see the module)
 GATE = "nologin"
 FILE_MODE = 0o644
+# a secret (the FTP password): its owner may read it, nobody else
+SECRET_MODE = 0o400
+# the file of a session's folder holding its FTP password
+FTP_PASSWORD_FILE = FTP_PASSWORD_PATH.name
 
 
 def end_text(end: datetime, timezone: str) -> str:
@@ -85,6 +89,7 @@ def motd_text(facts: SessionFacts, timezone: str) -> str:
         f"  Ends at {end_text(facts.end, timezone)}; the container and everything outside "
         f"{output} are then deleted.",
         f"  Keep your results in {output} (also served by FTP, kept after the session).",
+        f"  FTP password of this session: cat {FTP_PASSWORD_PATH}",
     ]
     if facts.input_targets:
         inputs = " ".join(str(target) for target in facts.input_targets)
@@ -117,6 +122,17 @@ class SessionFiles:
         """Keep `text` as the session's last message (`message`, with when it was sent)."""
         with self._folder(key) as folder:
             _write(folder, "message", printable(f"[{utc_text(now)}] {text.rstrip()}\n"))
+
+    def show_secret(self, key: str, name: str, text: str, uid: int, gid: int) -> None:
+        """Keep `text` in the file `name` of session `key`, readable by host uid `uid` only.
+
+        Given the host ids of the session's login (its container uid mapped
+        onto the host): the login and its sudo read the file in the session;
+        no other host user can, and no other session has the folder. Raises
+        `SessionError` when it cannot be written.
+        """
+        with self._folder(key) as folder:
+            _write(folder, name, text, mode=SECRET_MODE, owner=(uid, gid))
 
     def close_gate(self, key: str, text: str) -> None:
         """Refuse logins to session `key`, showing `text` to who tries."""
@@ -185,13 +201,24 @@ def _open_folder(path: Path, parent: int | None = None) -> int:
     return descriptor
 
 
-def _write(folder: int, name: str, text: str) -> None:
-    """Replace `name` in the folder `folder` by a fresh file holding `text`."""
+def _write(
+    folder: int,
+    name: str,
+    text: str,
+    *,
+    mode: int = FILE_MODE,
+    owner: tuple[int, int] | None = None,
+) -> None:
+    """Replace `name` in the folder `folder` by a fresh file holding `text`, with
+    `mode` and (when given) `owner`'s uid and gid set before anything is written."""
     temporary = f".{name}.{secrets.token_hex(6)}"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    descriptor = os.open(temporary, flags, FILE_MODE, dir_fd=folder)
+    # made unreadable to all; opened for the owner only once it is theirs
+    descriptor = os.open(temporary, flags, 0, dir_fd=folder)
     try:
-        os.fchmod(descriptor, FILE_MODE)
+        if owner is not None:
+            os.fchown(descriptor, *owner)
+        os.fchmod(descriptor, mode)
         os.write(descriptor, text.encode("utf-8"))
     finally:
         os.close(descriptor)

@@ -26,6 +26,7 @@ from gpuresa.runtime.payload import (
     session_from_labels,
 )
 from gpuresa.runtime.probes import ftp_greeting
+from gpuresa.runtime.session_files import FTP_PASSWORD_FILE
 
 if TYPE_CHECKING:
     from gpuresa.runtime.runtime import Runtime
@@ -100,6 +101,10 @@ def _recreate(runtime: Runtime, key: str, main: dict[str, Any]) -> str:
         # the same host ids as the user's container (Podman: that session's own range)
         runtime.kind.sidecar_settings(ids, runtime.config.limits),
         tls_dir=HostCredentials(runtime.config).sidecar_tls(*_base(ids)),
+    )
+    uid, (base_uid, base_gid) = int(labels["gpuresa.uid"]), _base(ids)
+    runtime.files.show_secret(
+        key, FTP_PASSWORD_FILE, credentials.password + "\n", base_uid + uid, base_gid + uid
     )
     log.debug("%s: FTP sidecar %s", key, dumps(payload))
     name = ftp_name(session.host, key)

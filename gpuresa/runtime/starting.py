@@ -38,6 +38,7 @@ from gpuresa.runtime.payload import (
     session_name,
 )
 from gpuresa.runtime.readiness import log_tails, wait_ready
+from gpuresa.runtime.session_files import FTP_PASSWORD_FILE
 from gpuresa.runtime.sidecar import revive_sidecar
 from gpuresa.runtime.templates import resolve_template
 
@@ -133,6 +134,10 @@ def prepare_session(
         layer.cap(runtime, main_id, key)
         base_uid, base_gid = (ids.uid, ids.gid) if ids else (0, 0)
         prepare_output(running, base_uid + uid, base_gid + uid, key)
+        # the FTP password, for the login alone to read in the session
+        runtime.files.show_secret(
+            key, FTP_PASSWORD_FILE, credentials.password + "\n", base_uid + uid, base_gid + uid
+        )
         # the host's SSH host keys and FTPS certificate, readable by the containers' root
         host_credentials.session_host_keys(base_uid, base_gid, host_keys)
         tls = host_credentials.sidecar_tls(base_uid, base_gid)

@@ -44,8 +44,10 @@ config=/etc/vsftpd-gpuresa.conf
     if [ -s "$tls/cert.pem" ] && [ -s "$tls/key.pem" ]; then
         printf 'ssl_enable=YES\nrsa_cert_file=%s\nrsa_private_key_file=%s\n' \
             "$tls/cert.pem" "$tls/key.pem"
-        # clients such as Python's ftplib do not resume the TLS session on data connections
-        printf 'require_ssl_reuse=NO\nssl_ciphers=HIGH\nallow_anon_ssl=NO\n'
+        # a data connection must resume the control connection's TLS session: one
+        # from anyone else (a race for the passive port from behind the same NAT or
+        # Docker's proxy, where every client has one address) is refused
+        printf 'require_ssl_reuse=YES\nssl_ciphers=HIGH\nallow_anon_ssl=NO\n'
         printf 'ssl_sslv2=NO\nssl_sslv3=NO\nssl_tlsv1=NO\n'
         if [ "${FTP_PLAIN:-no}" = yes ]; then
             printf 'force_local_logins_ssl=NO\nforce_local_data_ssl=NO\n'
