@@ -30,7 +30,7 @@ import paramiko
 import pytest
 from conftest import DockerHarness
 from ftps_client import Ftps
-from test_runtime import Site, free_block, host_login, make_site, run, ssh_login
+from test_runtime import Site, free_block, host_login, make_site, run, running_output, ssh_login
 
 from gpuresa.config.sections import Config
 from gpuresa.mail.notices import start_message
@@ -292,7 +292,7 @@ def test_the_ftp_sidecar_speaks_tls_and_refuses_plain_ftp(site: Site) -> None:
     assert ftps.download("result.txt") == b"over-tls\n"
     ftps.upload("uploaded.txt", b"up over tls\n")
     assert ftps.download("uploaded.txt") == b"up over tls\n"
-    assert (session.output_dir / "uploaded.txt").read_bytes() == b"up over tls\n"
+    assert (running_output(site, session) / "uploaded.txt").read_bytes() == b"up over tls\n"
     # curl does as well (the certificate was checked above; it names the public host)
     curl = subprocess.run(
         ["curl", "--silent", "--show-error", "--ssl-reqd", "--insecure",
@@ -343,7 +343,7 @@ def test_a_data_connection_that_does_not_resume_the_tls_session_is_refused(site:
     with pytest.raises(refused):
         ftps.storbinary("STOR planted.txt", io.BytesIO(b"planted\n"))
     ftps.close()
-    planted = session.output_dir / "planted.txt"
+    planted = running_output(site, session) / "planted.txt"
     assert not planted.exists() or planted.read_bytes() == b""
 
 

@@ -41,6 +41,7 @@ from gpuresa.runtime.engines import (
     mapped_range,
     subordinate_count,
 )
+from gpuresa.runtime.output_area import running_path
 
 
 def test_two_sessions_of_one_login_get_host_ids_of_their_own_on_podman(site: Site) -> None:
@@ -120,7 +121,7 @@ def test_a_container_podman_made_without_its_own_namespace_is_never_started(
         runtime.start(spec)
     assert leftovers(site, spec.key) == []
     # nothing of the session's was given to any id: the folder stays root's
-    (folder,) = (site.root / "output" / "alice").iterdir()
+    folder = running_path(site.config, spec.key)
     assert folder.stat().st_uid == 0 and list(folder.iterdir()) == []
 
 

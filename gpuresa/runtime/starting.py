@@ -7,6 +7,7 @@ keeps its kind (`PortRefused` with its ports, `EngineTimeout`…).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -96,6 +97,10 @@ def prepare_session(
     running = running_path(runtime.config, key)
     take_back(output_dir, stored_path(runtime.config, key), key)
     make_output_folder(running)
+    # the login's folder exists from the start (root's, empty until the hand-over), so the
+    # output service has its account before the session ends: no gap once it has
+    with contextlib.suppress(FileExistsError):
+        (runtime.config.storage.output_root / spec.user).mkdir(mode=0o750)
     remember(runtime.config, key, spec.user, output_dir)
     apply_session_quota(runtime.config, running, key)
     labelled = dataclasses.replace(spec, cuda=variant.name)
