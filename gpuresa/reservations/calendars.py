@@ -138,6 +138,7 @@ class Calendars:
             first_seen=first_seen,
             holding=holding,
             granted=claims.granted,
+            granted_gpus=claims.granted_gpus,
             ended=claims.ended,
             origins=claims.origins,
         )

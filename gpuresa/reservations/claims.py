@@ -35,11 +35,14 @@ class Claims:
     """What the journal and the sessions say each booking is owed, for the reader.
 
     granted: the interval each prepared, running or ended session was given;
+    granted_gpus: the GPU count each such session was given (a raise of it
+    is a growth, see `gpuresa.reservations.rules.resolve_conflicts`);
     ended: the times each ended occurrence had at its end;
     origins: where gpuresa first saw each UID, (calendar, href).
     """
 
     granted: Mapping[str, tuple[datetime, datetime]] = field(default_factory=dict)
+    granted_gpus: Mapping[str, int] = field(default_factory=dict)
     ended: Mapping[str, tuple[datetime, datetime]] = field(default_factory=dict)
     origins: Mapping[str, tuple[str, str]] = field(default_factory=dict)
 
