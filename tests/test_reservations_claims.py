@@ -269,8 +269,8 @@ def calendars_and_edits(draw: st.DrawFn) -> Case:
             ended[item.key] = (item.start, item.end)
         elif item.start <= NOW < item.end and draw(st.booleans()):
             # every running session overlaps the others now: their GPUs are disjoint
-            gpus, free = tuple(free[: item.gpus]), free[item.gpus :]
-            sessions.append(session_of(item, gpus, len(sessions)))
+            indices, free = tuple(free[: item.gpus]), free[item.gpus :]
+            sessions.append(session_of(item, indices, len(sessions)))
         else:
             continue
         granted[item.key] = (item.start, item.end)

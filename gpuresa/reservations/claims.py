@@ -22,10 +22,10 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from gpuresa.ical.text import ParsedObject
-from gpuresa.model import Rejection, Reservation
+from gpuresa.model import Rejection, Reservation, calendar_key
 
-# Keys that the daemon makes itself: a calendar's key never has a "/" (a UID
-# holding one is refused), so these cannot be claimed from a calendar.
+# Keys that the daemon makes itself from a booking's: a calendar's key never has a "/"
+# (a UID holding one is refused), so these cannot be claimed from a calendar.
 COPY_MARK = "/copy"
 MOVED_MARK = "/moved-"
 
@@ -78,7 +78,10 @@ def moved_after_end(
 def copy_rejection(uid: str, calendar: str, where: str, reason: str) -> Rejection:
     """The refusal of one copy of a UID, keyed apart from the booking it copies."""
     return Rejection(
-        key=f"{uid}{COPY_MARK}/{calendar}/{where}", uid=uid, calendar=calendar, reason=reason
+        key=f"{calendar_key(uid)}{COPY_MARK}/{calendar}/{where}",
+        uid=uid,
+        calendar=calendar,
+        reason=reason,
     )
 
 

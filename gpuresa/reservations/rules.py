@@ -55,7 +55,13 @@ from gpuresa.ical.events import (
     parse_object,
     read_stamp,
 )
-from gpuresa.model import Rejection, Reservation, ReservationSet, occurrence_key
+from gpuresa.model import (
+    Rejection,
+    Reservation,
+    ReservationSet,
+    calendar_key,
+    occurrence_key,
+)
 from gpuresa.reservations.claims import first_calendars, first_copies, moved_after_end
 
 log = logging.getLogger(__name__)
@@ -75,8 +81,10 @@ _LATEST = datetime.max.replace(tzinfo=UTC)
 _NOTHING_SEEN: Mapping[str, datetime] = MappingProxyType({})
 _NOTHING_GRANTED: Mapping[str, tuple[datetime, datetime]] = MappingProxyType({})
 _UNSAFE_UID = re.compile(r"[\x00-\x1f\x7f/\\]")
-# keys of ad-hoc sessions and benches, which a UID must not take
-_INTERNAL_PREFIXES = ("adhoc-", "bench:")
+# the keys the previous format gave ad-hoc sessions and benches: internal keys now start
+# with "@", which no calendar key does (`gpuresa.model.calendar_key`), but sessions and
+# journal rows made before may still carry these, so a UID may not take them
+_LEGACY_INTERNAL_PREFIXES = ("adhoc-", "bench:")
 # "<uid>@<recurrence id>" is the key of a series' occurrence: no single event's UID
 _OCCURRENCE_SUFFIX = re.compile(r"@[0-9]{8}(?:T[0-9]{6}Z?)?$")
 _NO_ORIGINS: Mapping[str, tuple[str, str]] = MappingProxyType({})
@@ -323,9 +331,9 @@ class _BookingReader:
         if problem.uid is not None:
             key = occurrence_key(problem.uid, problem.recurrence_id)
         elif problem.component is not None:
-            key = f"{problem.href}#{problem.component.position}"
+            key = f"{calendar_key(problem.href)}#{problem.component.position}"
         else:
-            key = problem.href
+            key = calendar_key(problem.href)
         user = email = None
         if problem.component is not None:
             # who to tell, if the rest of the event says it
@@ -359,7 +367,7 @@ class _BookingReader:
                 "the event's UID cannot name a reservation (it has '/', '\\' or control "
                 "characters, or is longer than 255)"
             )
-        elif uid and (uid.startswith(_INTERNAL_PREFIXES) or _OCCURRENCE_SUFFIX.search(uid)):
+        elif uid and (uid.startswith(_LEGACY_INTERNAL_PREFIXES) or _OCCURRENCE_SUFFIX.search(uid)):
             problems.append(
                 "the event's UID cannot name a reservation (it starts like a key gpuresa "
                 "keeps for itself, or ends like the key of an occurrence of a series)"
