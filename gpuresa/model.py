@@ -10,10 +10,48 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+# Keys gpuresa makes for itself (ad-hoc sessions, benches) start with INTERNAL_MARK; a key
+# made from calendar text never does (see `calendar_key`), so no calendar can name one.
+INTERNAL_MARK = "@"
+# what calendar text that would start like an internal key (or like an escaped one) gets
+# in front: the mapping stays one-to-one, and the key stays readable
+CALENDAR_ESCAPE = "%"
+# ad-hoc sessions (`gpuresa session start`); and the prefix the previous key format gave
+# them, still recognised so that their running sessions are adopted as ad-hoc
+AD_HOC_PREFIX = f"{INTERNAL_MARK}adhoc-"
+LEGACY_AD_HOC_PREFIX = "adhoc-"
+
+
+def calendar_key(text: str) -> str:
+    """Calendar text (a UID, a file name, an href) made the start of a key.
+
+    Given any text, returns it unchanged unless it is empty or starts with
+    INTERNAL_MARK or CALENDAR_ESCAPE, which get CALENDAR_ESCAPE in front.
+    So the result never starts with INTERNAL_MARK (no calendar reaches an
+    internal key), two texts never give one key, and the keys of ordinary
+    UIDs are what they always were (running sessions keep matching).
+    """
+    if not text or text.startswith((INTERNAL_MARK, CALENDAR_ESCAPE)):
+        return CALENDAR_ESCAPE + text
+    return text
+
+
+def bench_key(host: str) -> str:
+    """The key `gpuresa bench` journals its runs under: `@bench:<host>`, an internal key."""
+    return f"{INTERNAL_MARK}bench:{host}"
+
+
+def is_ad_hoc(key: str) -> bool:
+    """Whether `key` is an internal key (an ad-hoc session), or an ad-hoc key of the
+    previous format (`adhoc-…`, which the calendar reader refuses as a UID)."""
+    return key.startswith((INTERNAL_MARK, LEGACY_AD_HOC_PREFIX))
+
 
 def occurrence_key(uid: str, recurrence_id: str | None) -> str:
-    """The key of one occurrence: the UID, plus "@" and the RECURRENCE-ID for a series."""
-    return uid if recurrence_id is None else f"{uid}@{recurrence_id}"
+    """The key of one occurrence: the UID (see `calendar_key`), plus "@" and the
+    RECURRENCE-ID for an occurrence of a series."""
+    key = calendar_key(uid)
+    return key if recurrence_id is None else f"{key}@{recurrence_id}"
 
 
 @dataclass(frozen=True)

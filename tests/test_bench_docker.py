@@ -110,7 +110,7 @@ def test_cpu_bench_compares_host_and_container_and_journals_it(
     assert captured.err.count(" matmul/s ") == 4
     assert bench_containers(docker.client) == []
     shown = history(config, capsys)
-    assert f"bench:{TEST_HOST}" in shown
+    assert f"@bench:{TEST_HOST}" in shown
     assert "bench cpu on pytorch 12.4, GPUs none: ok" in shown
     assert f"ratio {comparison['ratio']:.3f}" in shown
 

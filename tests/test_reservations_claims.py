@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_reservations import VARIANTS, WINDOW, event, make_config, seen
 
 from gpuresa.config.sections import Config, parse_config
-from gpuresa.model import Reservation
+from gpuresa.model import Reservation, Session
+from gpuresa.planning.planner import Inventory, Memory, Prepare, Recreate, Start, plan
 from gpuresa.reservations.claims import moved_key
 from gpuresa.reservations.rules import read_calendar, read_reservations, resolve_conflicts
 
@@ -61,6 +63,48 @@ def test_growing_a_running_booking_over_another_refuses_the_growth_not_the_other
             [wanted, bob], make_config(), granted={"alice": (alice.start, alice.end)}
         )
         assert found.reservations[0] == wanted and found.rejected == ()
+
+
+def test_raising_the_gpus_of_a_running_booking_refuses_the_raise_not_the_other() -> None:
+    alice = booking("alice", "alice", DAY, DAY + timedelta(hours=4), gpus=2)
+    bob = booking("bob", "bob", DAY + timedelta(hours=1), DAY + timedelta(hours=3), gpus=2)
+    raised = replace(alice, gpus=4)
+    found = resolve_conflicts(
+        [raised, bob],
+        make_config(),
+        first_seen=seen(alice=1, bob=2),
+        holding=frozenset({"alice"}),
+        granted={"alice": (alice.start, alice.end)},
+        granted_gpus={"alice": 2},
+    )
+    assert [(item.key, item.gpus) for item in found.reservations] == [("alice", 2), ("bob", 2)]
+    [refused] = found.rejected
+    assert (refused.key, refused.user) == ("alice/growth", "alice")
+    assert "with 4 GPU(s) is not taken" in refused.reason
+    assert "keeps" in refused.reason and "with 2 GPU(s)" in refused.reason
+    # a raise into free GPUs is taken (the planner tells the user a running session
+    # keeps its GPUs); a later booking of another login still comes before it
+    alone = resolve_conflicts(
+        [raised], make_config(), granted={"alice": (alice.start, alice.end)},
+        granted_gpus={"alice": 2},
+    )  # fmt: skip
+    assert [item.gpus for item in alone.reservations] == [4] and alone.rejected == ()
+
+
+def test_a_running_booking_that_asks_fewer_gpus_still_counts_those_it_holds() -> None:
+    alice = booking("alice", "alice", DAY, DAY + timedelta(hours=4), gpus=3)
+    bob = booking("bob", "bob", DAY + timedelta(hours=1), DAY + timedelta(hours=3), gpus=2)
+    found = resolve_conflicts(
+        [replace(alice, gpus=1), bob],
+        make_config(),
+        first_seen=seen(alice=1, bob=2),
+        holding=frozenset({"alice"}),
+        granted={"alice": (alice.start, alice.end)},
+        granted_gpus={"alice": 3},
+    )
+    # the session keeps its 3 GPUs whatever the booking says: bob's 2 do not fit beside them
+    assert [(item.key, item.gpus) for item in found.reservations] == [("alice", 1)]
+    assert [item.key for item in found.rejected] == ["bob"]
 
 
 def test_an_ended_booking_moved_over_a_running_session_is_a_new_booking_that_loses() -> None:
@@ -172,66 +216,123 @@ def test_a_uid_cannot_take_an_internal_key_or_an_occurrence_key() -> None:
         assert "cannot name a reservation" in found.rejected[0].reason
 
 
-# --- the property: granted time is never lost ---------------------------------------------------
+# --- the property: granted time is never lost, an ended occurrence never runs again ------------
 
+NOW = DAY + timedelta(hours=24)
 HOURS = st.integers(min_value=0, max_value=48)
+USERS = st.sampled_from(["alice", "bob", "carol"])
 
 
-Case = tuple[list[Reservation], dict[str, tuple[datetime, datetime]], list[Reservation]]
+@dataclass(frozen=True)
+class Case:
+    """Bookings as their calendar says them, what the daemon knows of them, one writer's edits."""
+
+    texts: dict[str, str]
+    users: dict[str, str]
+    granted: dict[str, tuple[datetime, datetime]]
+    granted_gpus: dict[str, int]
+    ended: dict[str, tuple[datetime, datetime]]
+    sessions: list[Session]
+
+
+def ics(key: str, user: str, start: datetime, end: datetime, gpus: int) -> str:
+    hours = (end - start) / timedelta(hours=1)
+    return event(user, f"template: pytorch\\ngpus: {gpus}", uid=key, start=start, hours=hours)
+
+
+def session_of(item: Reservation, gpus: tuple[int, ...], index: int) -> Session:
+    return Session(
+        key=item.key, user=item.user, host="gpu1", template="pytorch", cuda="12.4", gpus=gpus,
+        start=item.start, end=item.end, ssh_port=20000 + index, ftp_port=21000 + index,
+        ftp_passive_first=22000 + 10 * index, ftp_passive_last=22009 + 10 * index,
+        state="running", output_dir=Path("/nonexistent"),
+    )  # fmt: skip
 
 
 @st.composite
 def calendars_and_edits(draw: st.DrawFn) -> Case:
-    """Bookings of several logins, what the running ones were granted, and one writer's edits."""
-    count = draw(st.integers(min_value=1, max_value=6))
+    """Bookings of several logins, sessions running and ended, and alice's edits to hers."""
     bookings = []
-    for index in range(count):
-        start = draw(HOURS)
-        length = draw(st.integers(min_value=1, max_value=12))
-        user = draw(st.sampled_from(["alice", "bob", "carol"]))
+    for index in range(draw(st.integers(min_value=1, max_value=6))):
+        start = DAY + timedelta(hours=draw(HOURS))
+        length = timedelta(hours=draw(st.integers(min_value=1, max_value=12)))
         gpus = draw(st.integers(min_value=1, max_value=4))
-        bookings.append(
-            booking(
-                f"k{index}",
-                user,
-                DAY + timedelta(hours=start),
-                DAY + timedelta(hours=start + length),
-                gpus,
-            )
-        )
+        bookings.append(booking(f"k{index}", draw(USERS), start, start + length, gpus))
     resolved = resolve_conflicts(bookings, make_config(), first_seen={})
-    granted = {
-        item.key: (item.start, item.end) for item in resolved.reservations if draw(st.booleans())
-    }
-    edited = []
+    granted: dict[str, tuple[datetime, datetime]] = {}
+    granted_gpus: dict[str, int] = {}
+    ended: dict[str, tuple[datetime, datetime]] = {}
+    sessions: list[Session] = []
+    free = [0, 1, 2, 3]
+    for item in resolved.reservations:
+        if item.end <= NOW and draw(st.booleans()):
+            ended[item.key] = (item.start, item.end)
+        elif item.start <= NOW < item.end and draw(st.booleans()):
+            # every running session overlaps the others now: their GPUs are disjoint
+            indices, free = tuple(free[: item.gpus]), free[item.gpus :]
+            sessions.append(session_of(item, indices, len(sessions)))
+        else:
+            continue
+        granted[item.key] = (item.start, item.end)
+        granted_gpus[item.key] = item.gpus
+    texts = {}
     for item in bookings:
-        if item.user == "mallory" or item.user == "alice":
-            # alice edits her own bookings any way she likes
-            start = draw(HOURS)
-            item = replace(
-                item,
-                start=DAY + timedelta(hours=start),
-                end=DAY + timedelta(hours=start + draw(st.integers(min_value=1, max_value=72))),
-                # a granted booking's GPU count is the session's: only its times are edited
-                gpus=item.gpus if item.key in granted else draw(st.integers(1, 4)),
-            )
-        edited.append(item)
-    return bookings, granted, edited
+        if item.user == "alice":
+            # alice edits her bookings any way she likes: times and GPU count
+            start = DAY + timedelta(hours=draw(HOURS))
+            length = timedelta(hours=draw(st.integers(min_value=1, max_value=72)))
+            item = replace(item, start=start, end=start + length, gpus=draw(st.integers(1, 4)))
+        texts[item.key] = ics(item.key, item.user, item.start, item.end, item.gpus)
+    users = {item.key: item.user for item in bookings}
+    return Case(texts, users, granted, granted_gpus, ended, sessions)
 
 
 @settings(max_examples=300, deadline=None)
 @given(calendars_and_edits())
-def test_no_other_login_loses_granted_time(case: Case) -> None:
-    _, granted, edited = case
-    found = resolve_conflicts(edited, make_config(), first_seen={}, granted=granted)
+def test_no_other_login_loses_granted_time_and_no_ended_occurrence_runs_again(
+    case: Case,
+) -> None:
+    config = make_config()
+    # what the daemon feeds the reader: the journal's claims, the sessions' grants
+    found = read_reservations(
+        config,
+        {"lab": [(f"{key}.ics", text) for key, text in case.texts.items()]},
+        NOW - timedelta(days=7),
+        NOW + timedelta(days=30),
+        variants=VARIANTS,
+        first_seen={key: DAY - timedelta(days=1) for key in case.texts},
+        holding=frozenset(case.granted),
+        granted=case.granted,
+        granted_gpus=case.granted_gpus,
+        ended=case.ended,
+        origins={key: ("lab", f"{key}.ics") for key in case.texts},
+    )
     kept = {item.key: item for item in found.reservations}
-    for item in edited:
-        if item.key not in granted or item.user == "alice":
+    for key, (start, end) in case.granted.items():
+        if case.users[key] == "alice":
             continue
-        start, end = granted[item.key]
-        assert item.key in kept, found.rejected
-        assert kept[item.key].start <= start and kept[item.key].end >= end
-    # what is kept never asks for more GPUs than the host has at any instant
-    instants = {item.start for item in kept.values()}
-    for instant in instants:
-        assert sum(i.gpus for i in kept.values() if i.start <= instant < i.end) <= 4
+        assert key in kept, found.rejected
+        assert kept[key].start <= start and kept[key].end >= end
+        assert kept[key].gpus >= case.granted_gpus[key]
+    # what is kept never needs more GPUs than the host has at any instant: a running
+    # session counts the GPUs it holds during the time it was given
+    running = {session.key: session for session in case.sessions}
+    for instant in {item.start for item in kept.values()}:
+        used = 0
+        for item in kept.values():
+            if item.start <= instant < item.end:
+                held = running.get(item.key)
+                inside = held is not None and held.start <= instant < held.end
+                used += max(item.gpus, len(held.gpus)) if inside and held else item.gpus
+        assert used <= 4
+    # the planner, fed what the daemon feeds it, never starts an ended occurrence again
+    actions = plan(
+        found.reservations, case.sessions, Inventory(config.hosts[0], (0, 1, 2, 3)), NOW, config,
+        Memory(known=frozenset(case.texts)),
+    )  # fmt: skip
+    for action in actions:
+        if isinstance(action, (Start, Prepare, Recreate)):
+            assert action.key not in case.ended, action
+    # nor stops another login's running session
+    for action in actions:
+        assert action.key not in running or case.users[action.key] == "alice", action

@@ -9,6 +9,7 @@ answer), the snapshot on disk across a restart with the server down.
 from __future__ import annotations
 
 import http.client
+import re
 import shutil
 import threading
 import uuid
@@ -184,6 +185,8 @@ class Proxy:
         self.refuse_sync = refuse_sync
         self.login_page = False
         self.cut: bytes | None = None
+        # a REPORT whose request names this fails with HTTP 500
+        self.fail_for: bytes | None = None
         self.refused = 0
         proxy = self
 
@@ -200,6 +203,13 @@ class Proxy:
                 body = self.rfile.read(length) if length else b""
                 if proxy.login_page:
                     self.answer(200, "text/html; charset=utf-8", LOGIN_PAGE)
+                    return
+                if (
+                    proxy.fail_for is not None
+                    and self.command == "REPORT"
+                    and proxy.fail_for in body
+                ):
+                    self.answer(500, "text/plain", b"cannot read the stored object")
                     return
                 if proxy.refuse_sync and self.command == "REPORT" and b"sync-collection" in body:
                     proxy.refused += 1
@@ -371,7 +381,7 @@ def test_a_login_page_instead_of_the_server_keeps_the_snapshot(
     assert caldav_source(config).snapshot() == good  # on disk too
 
 
-def test_a_truncated_object_fails_the_poll_and_keeps_the_snapshot(
+def test_a_truncated_object_fails_alone_and_keeps_its_last_good_copy(
     filled: tuple[Any, Config], radicale: RadicaleServer, proxy: Proxy, tmp_path: Path
 ) -> None:
     calendar, _ = filled
@@ -383,15 +393,55 @@ def test_a_truncated_object_fails_the_poll_and_keeps_the_snapshot(
     modified.icalendar_component["SUMMARY"] = "bob"
     modified.save()
     proxy.cut = b"END:VCALENDAR"
-    with pytest.raises(
-        SourceError, match=r"^calendar gpu1: object one\.ics from .*: it is incomplete"
-    ):
-        source.poll()
-    assert source.snapshot() == good
+    result = source.poll()
+    [(href, problem)] = result.problems.items()
+    assert names([href]) == {"one.ics"}
+    assert re.fullmatch(
+        r"object one\.ics from http://127\.0\.0\.1:\d+/gpuresa/…: it is incomplete.*", problem
+    )
+    assert result.objects == good
     assert caldav_source(config).snapshot() == good
     # the server is whole again: the change the failed poll saw is fetched, not skipped
     proxy.cut = None
     result = source.poll()
-    assert result.changed
+    assert result.changed and result.problems == {}
     assert names(source.last_changes.modified) == {"one.ics"}
     assert names(result.objects) == {"one.ics", "two.ics", "three.ics"}
+
+
+def test_an_object_the_server_cannot_send_fails_alone(
+    filled: tuple[Any, Config], radicale: RadicaleServer, proxy: Proxy, tmp_path: Path
+) -> None:
+    calendar, _ = filled
+    url = proxy.url(urlsplit(str(calendar.url)).path)
+    config = make_config(url, radicale, tmp_path / "state")
+    source = caldav_source(config)
+    good = dict(source.poll().objects)
+    modified = calendar.event_by_uid("one")
+    modified.icalendar_component["SUMMARY"] = "bob"
+    modified.save()
+    add_event(calendar, "four", day=1)
+    # every multiget that asks for one.ics fails as a whole, as a server whose copy of
+    # that object is damaged answers
+    proxy.fail_for = b"one.ics"
+    result = source.poll()
+    assert names(result.problems) == {"one.ics"}
+    assert "HTTP 500" in next(iter(result.problems.values()))
+    assert names(result.objects) == {"one.ics", "two.ics", "three.ics", "four.ics"}
+    one = next(href for href in good if href.endswith("/one.ics"))
+    assert result.objects[one] == good[one]  # a flaky fetch cancels nothing
+    # read through the calendars: one's booking stays, and its object is refused alone
+    report = Calendars(config, sources={"gpu1": source}).poll(START - timedelta(days=1))
+    assert {item.key for item in report.reservations.reservations} == {
+        "one",
+        "two",
+        "three",
+        "four",
+    }
+    [refused] = report.reservations.rejected
+    assert refused.key == one and refused.user is None and refused.start is None
+    assert "its last good copy is used" in refused.reason
+    # a sync from where this poll stood still names one.ics: fetched once the server can
+    proxy.fail_for = None
+    result = source.poll()
+    assert result.problems == {} and b"SUMMARY:bob" in result.objects[one]

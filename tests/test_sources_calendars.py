@@ -115,3 +115,37 @@ def test_a_calendar_that_comes_back_is_fresh_again(tmp_path: Path) -> None:
     report = calendars.poll(NOW)
     assert report.freshness["files"].last_error is None
     assert [item.key for item in report.reservations.reservations] == ["back"]
+
+
+def test_a_broken_file_in_a_folder_is_refused_alone_and_the_rest_is_read(tmp_path: Path) -> None:
+    folder = tmp_path / "ics"
+    folder.mkdir()
+    (folder / "alice.ics").write_text(event_text("alice-1", NOW + timedelta(days=1)))
+    config = make_config(
+        tmp_path, {"name": "files", "kind": "ics", "url": str(folder), "host": "gpu1"}
+    )
+    calendars = Calendars(config)
+    assert [item.key for item in calendars.poll(NOW).reservations.reservations] == ["alice-1"]
+    # a file that is only a start, a new booking and a cancellation, in one moment
+    (folder / "broken.ics").write_text("BEGIN:VCALENDAR\r\n")
+    (folder / "bob.ics").write_text(event_text("bob-1", NOW + timedelta(days=2), summary="bob"))
+    (folder / "alice.ics").unlink()
+    report = calendars.poll(NOW)
+    assert [item.key for item in report.reservations.reservations] == ["bob-1"]
+    [refused] = report.reservations.rejected
+    assert (refused.key, refused.user, refused.start, refused.calendar) == (
+        "broken.ics",
+        None,
+        None,
+        "files",
+    )
+    assert f"{folder / 'broken.ics'}: it is incomplete" in refused.reason
+    assert refused.reason.endswith("nothing in it is booked until it can")
+    assert report.freshness["files"].last_error is None
+    # the same file, once whole, is read; its rejection goes
+    (folder / "broken.ics").write_text(
+        event_text("carol-1", NOW + timedelta(days=3), summary="carol")
+    )
+    report = calendars.poll(NOW)
+    assert [item.key for item in report.reservations.reservations] == ["bob-1", "carol-1"]
+    assert report.reservations.rejected == ()

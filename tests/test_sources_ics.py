@@ -122,26 +122,33 @@ def test_a_byte_order_mark_and_blank_lines_are_fine(tmp_path: Path) -> None:
     assert ics_source(str(file), None).poll().objects == {"export.ics": content}
 
 
-def test_one_half_written_file_fails_the_whole_folder(tmp_path: Path) -> None:
+def test_one_half_written_file_fails_alone_and_keeps_its_last_good_copy(tmp_path: Path) -> None:
     folder = tmp_path / "calendar"
     folder.mkdir()
     (folder / "a.ics").write_bytes(FEED)
     (folder / "b.ics").write_bytes(FEED.replace(b"f1", b"f2"))
     source = ics_source(str(folder), tmp_path / "state")
     good = dict(source.poll().objects)
-    # in the same moment: a.ics changes, b.ics is being rewritten
+    # in the same moment: a.ics changes, b.ics is being rewritten, c.ics is new and broken
     changed_a = FEED.replace(b"alice", b"bob")
     (folder / "a.ics").write_bytes(changed_a)
     os.utime(folder / "a.ics", ns=(1, 1))
     (folder / "b.ics").write_bytes(HALF_WRITTEN)
-    with pytest.raises(SourceError, match=r"b\.ics: it is incomplete"):
-        source.poll()
-    assert source.snapshot() == good
-    assert ics_source(str(folder), tmp_path / "state").snapshot() == good
-    # b.ics is complete again: a.ics's change is read too, not taken as seen
-    (folder / "b.ics").write_bytes(FEED.replace(b"f1", b"f2"))
+    (folder / "c.ics").write_bytes(b"BEGIN:VCALENDAR\r\n")
     result = source.poll()
     assert result.objects == {"a.ics": changed_a, "b.ics": good["b.ics"]}
+    assert sorted(result.problems) == ["b.ics", "c.ics"]
+    assert (
+        result.problems["b.ics"]
+        == f"{folder / 'b.ics'}: it is incomplete (no END:VCALENDAR at its end; being written?)"
+    )
+    assert ics_source(str(folder), tmp_path / "state").snapshot() == result.objects
+    # b.ics is complete again: read at the next poll, not taken as seen
+    (folder / "b.ics").write_bytes(FEED.replace(b"f1", b"f3"))
+    (folder / "c.ics").unlink()
+    result = source.poll()
+    assert result.objects == {"a.ics": changed_a, "b.ics": FEED.replace(b"f1", b"f3")}
+    assert result.problems == {}
 
 
 def test_a_missing_file_is_a_clear_error_and_the_snapshot_stays(tmp_path: Path) -> None:

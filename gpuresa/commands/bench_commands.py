@@ -2,7 +2,7 @@
 
 Nothing is booked: the bench refuses GPUs that a session holds or that the
 planner would give to a booking starting within `--window`. The result goes
-to the journal under the key `bench:<host>`, so `gpuresa history` shows when
+to the journal under the key `@bench:<host>` (an internal key), so `gpuresa history` shows when
 this host was last checked and what it measured.
 """
 
@@ -37,7 +37,7 @@ from gpuresa.commands.template_commands import docker_errors
 from gpuresa.config.schema import Invalid, parse_duration
 from gpuresa.config.sections import Config, load_config
 from gpuresa.errors import UserError
-from gpuresa.model import Reservation
+from gpuresa.model import Reservation, bench_key
 from gpuresa.planning.planner import Inventory
 from gpuresa.runtime import Runtime
 from gpuresa.runtime.oneshot import OneShot
@@ -177,16 +177,15 @@ def _reservations(config: Config) -> list[Reservation]:
 
 
 def record(config: Config, action: str, result: str, detail: str, stream: TextIO) -> None:
-    """Journal the bench under `bench:<host>`; a journal that cannot be written is warned of."""
+    """Journal the bench under `@bench:<host>`; a journal that cannot be written is warned of."""
     from gpuresa.daemon import journal_path
     from gpuresa.journal.store import Journal
 
     try:
         journal = Journal(journal_path(config))
         try:
-            journal.record_action(
-                f"bench:{config.daemon.host}", action, datetime.now(UTC), result, detail
-            )
+            key = bench_key(config.daemon.host)
+            journal.record_action(key, action, datetime.now(UTC), result, detail)
         finally:
             journal.close()
     except UserError as error:

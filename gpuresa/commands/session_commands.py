@@ -1,7 +1,8 @@
 """`gpuresa session start|list|stop`: sessions by hand, for tests and debugging.
 
-An ad-hoc session's key starts with "adhoc-": a running daemon adopts it and
-stops it at the end it was given (`--until`), not before.
+An ad-hoc session's key starts with "@adhoc-" (an internal key, which no calendar
+can name): a running daemon adopts it and stops it at the end it was given
+(`--until`), not before.
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ from gpuresa.config.schema import Invalid, parse_duration
 from gpuresa.config.sections import Config, load_config
 from gpuresa.errors import UserError
 from gpuresa.inert import echo
-from gpuresa.model import Session
-from gpuresa.planning.planner import AD_HOC_PREFIX
+from gpuresa.model import AD_HOC_PREFIX, Session
 from gpuresa.runtime import Runtime
 from gpuresa.runtime.payload import utc_text
 
@@ -51,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     start.add_argument(
         "--key",
         help=f"the session key (default: {AD_HOC_PREFIX}<random>; a running daemon stops a "
-        f"session whose key neither starts with {AD_HOC_PREFIX} nor is booked)",
+        "session whose key neither starts with @ nor is booked)",
     )
     start.add_argument("--timeout", type=float, default=30, help="seconds to wait for SSH")
     start.set_defaults(handler=start_command)

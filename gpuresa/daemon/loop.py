@@ -258,14 +258,12 @@ class Loop(Rounds, Observing):
         context = self.context
         now = context.clock()
         # what each prepared or running session was given: its labels' times
-        holding = {
-            session.key: (session.start, session.end)
-            for session in self.sessions
-            if session.state in ("created", "running")
-        }
+        live = [item for item in self.sessions if item.state in ("created", "running")]
+        holding = {session.key: (session.start, session.end) for session in live}
+        holding_gpus = {session.key: len(session.gpus) for session in live}
         self._background(
             "poll",
-            lambda: context.poll(now, holding),
+            lambda: context.poll(now, holding, holding_gpus),
             lambda result: self._poll_returned(result, number),
         )
 

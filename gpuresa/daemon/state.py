@@ -62,14 +62,18 @@ class Context:
         return host.public_name or host.name
 
     def poll(
-        self, now: datetime, holding: Mapping[str, tuple[datetime, datetime]]
+        self,
+        now: datetime,
+        holding: Mapping[str, tuple[datetime, datetime]],
+        holding_gpus: Mapping[str, int] | None = None,
     ) -> tuple[CalendarReport, list[Rejection]]:
         """Read the calendars and journal what they say (on the poll thread).
 
         `holding`: the interval each prepared or running session was given
-        (by key), which it keeps in an over-booking whatever its booking now
-        says. Returns the report and the rejections that are new (or have a
-        new reason), whose users are told.
+        (by key), and `holding_gpus` its GPU count, which it keeps in an
+        over-booking whatever its booking now says. Returns the report and
+        the rejections that are new (or have a new reason), whose users are
+        told.
         """
         host = self.config.daemon.host
         # a booking that had its session keeps its slot after the session too: the one it
@@ -77,13 +81,17 @@ class Context:
         journal = self.journal
         held = {key for key, state in journal.states().items() if state in HELD_STATES}
         recent = now - self.config.reservations.window_past
-        granted = {
-            row.key: (row.start, row.end)
-            for row in journal.reservations(ending_after=recent)
-            if row.key in held
-        }
+        rows = [row for row in journal.reservations(ending_after=recent) if row.key in held]
+        granted = {row.key: (row.start, row.end) for row in rows}
         granted.update(holding)
-        claims = Claims(granted=granted, ended=journal.ended_times(), origins=journal.origins())
+        granted_gpus = {row.key: row.gpus for row in rows}
+        granted_gpus.update(holding_gpus or {})
+        claims = Claims(
+            granted=granted,
+            granted_gpus=granted_gpus,
+            ended=journal.ended_times(),
+            origins=journal.origins(),
+        )
         report = self.calendars.poll(
             now,
             first_seen=journal.first_seen_times(),

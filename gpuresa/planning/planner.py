@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from gpuresa.config.sections import Config, HostConfig
-from gpuresa.model import Reservation, Session, SessionSpec
+from gpuresa.model import Reservation, Session, SessionSpec, is_ad_hoc
 from gpuresa.planning.allocation import (
     AllocationError,
     Holding,
@@ -20,10 +20,6 @@ from gpuresa.planning.allocation import (
     allocate_gpus,
     allocate_ports,
 )
-
-# Sessions started by `gpuresa session start` run to the end in their labels;
-# no calendar explains them, and they are not orphans.
-AD_HOC_PREFIX = "adhoc-"
 
 
 @dataclass(frozen=True)
@@ -241,7 +237,7 @@ def plan(
         if reservation is None:
             # a missing booking keeps its GPUs only until its grace period ends
             end = session.end
-            if not key.startswith(AD_HOC_PREFIX):
+            if not is_ad_hoc(key):
                 end = min(end, _missing_deadline(session, now, config, memory))
             holdings.append(Holding(key, session.gpus, _ports_of(session), session.start, end))
             actions.extend(_missing_notices(session, now, config, memory))
@@ -371,7 +367,7 @@ def _stop_for(
         if now >= reservation.end:
             return Stop(session.key, reason="ended", grace=grace)
         return None
-    if session.key.startswith(AD_HOC_PREFIX):
+    if is_ad_hoc(session.key):
         # an ad-hoc session runs to the end it was given
         return Stop(session.key, reason="ended", grace=grace) if now >= session.end else None
     if now >= session.end:
@@ -397,7 +393,7 @@ def _missing_notices(
     session: Session, now: datetime, config: Config, memory: Memory
 ) -> list[Action]:
     """Tell the user of a cancelled booking, once; orphans have nobody to tell."""
-    if session.key.startswith(AD_HOC_PREFIX) or session.key not in memory.known:
+    if is_ad_hoc(session.key) or session.key not in memory.known:
         return []
     if session.key in memory.cancel_notified or session.state != "running":
         return []
@@ -519,7 +515,7 @@ def wakeups(
         instants.update(reservation.end - warning for warning in daemon.warnings)
     for session in sessions:
         instants.add(session.end)
-        if session.key not in wanted_keys and not session.key.startswith(AD_HOC_PREFIX):
+        if session.key not in wanted_keys and not is_ad_hoc(session.key):
             instants.add(_missing_deadline(session, now, config, memory))
     instants.update(memory.retry_after.values())
     return sorted(instant for instant in instants if instant > now)

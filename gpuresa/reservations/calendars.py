@@ -7,7 +7,10 @@ calendars into reservations over the window (`now - window_past` to
 is. One calendar failing (server down, password refused, file missing) is
 logged and read from its last good snapshot; the others go on. A calendar
 that never answered and has no snapshot contributes nothing and says so in
-its freshness.
+its freshness. One object that the source could not fetch or read becomes a
+rejection of its own, keyed by its href or file name (no user, no time: it
+stops nothing), saying whether its last good copy is used; the rest of its
+calendar is read as usual.
 """
 
 from __future__ import annotations
@@ -15,12 +18,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from types import MappingProxyType
 
 from gpuresa.config.sections import Config
-from gpuresa.model import ReservationSet
+from gpuresa.model import Rejection, ReservationSet, calendar_key
 from gpuresa.reservations.claims import Claims
 from gpuresa.reservations.rules import read_reservations
 from gpuresa.reservations.sources import CalendarSource, SourceError, open_source
@@ -47,6 +50,21 @@ class CalendarReport:
 
     reservations: ReservationSet
     freshness: Mapping[str, CalendarFreshness]
+
+
+def object_rejection(calendar: str, href: str, reason: str, kept: bool) -> Rejection:
+    """The rejection of one object that could not be fetched or read (`reason` names it).
+
+    `kept`: whether its last good copy is read instead. Inert: no user to
+    tell and no time, so it cancels and stops nothing.
+    """
+    what = "its last good copy is used" if kept else "nothing in it is booked"
+    return Rejection(
+        key=calendar_key(href),
+        uid="",
+        calendar=calendar,
+        reason=f"this calendar object cannot be read: {reason}; {what} until it can",
+    )
 
 
 class Calendars:
@@ -95,6 +113,7 @@ class Calendars:
         freshness carries the reason.
         """
         objects: dict[str, Mapping[str, bytes]] = {}
+        problems: dict[str, Mapping[str, str]] = {}
         for name, source in self.sources.items():
             try:
                 result = source.poll(now)
@@ -109,7 +128,17 @@ class Calendars:
                 log.info("calendar %s: reachable again", name)
             self.errors[name] = None
             objects[name] = result.objects
-        return self._report(objects, now, first_seen, holding, claims)
+            problems[name] = result.problems
+        report = self._report(objects, now, first_seen, holding, claims)
+        refused = [
+            object_rejection(name, href, reason, href in objects[name])
+            for name, found in problems.items()
+            for href, reason in found.items()
+        ]
+        if not refused:
+            return report
+        rejected = sorted((*report.reservations.rejected, *refused), key=lambda item: item.key)
+        return replace(report, reservations=replace(report.reservations, rejected=tuple(rejected)))
 
     def from_snapshots(
         self,
@@ -141,6 +170,7 @@ class Calendars:
             first_seen=first_seen,
             holding=holding,
             granted=claims.granted,
+            granted_gpus=claims.granted_gpus,
             ended=claims.ended,
             origins=claims.origins,
         )

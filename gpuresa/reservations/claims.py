@@ -22,10 +22,10 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from gpuresa.ical.text import ParsedObject
-from gpuresa.model import Rejection, Reservation
+from gpuresa.model import Rejection, Reservation, calendar_key
 
-# Keys that the daemon makes itself: a calendar's key never has a "/" (a UID
-# holding one is refused), so these cannot be claimed from a calendar.
+# Keys that the daemon makes itself from a booking's: a calendar's key never has a "/"
+# (a UID holding one is refused), so these cannot be claimed from a calendar.
 COPY_MARK = "/copy"
 MOVED_MARK = "/moved-"
 
@@ -35,11 +35,14 @@ class Claims:
     """What the journal and the sessions say each booking is owed, for the reader.
 
     granted: the interval each prepared, running or ended session was given;
+    granted_gpus: the GPU count each such session was given (a raise of it
+    is a growth, see `gpuresa.reservations.rules.resolve_conflicts`);
     ended: the times each ended occurrence had at its end;
     origins: where gpuresa first saw each UID, (calendar, href).
     """
 
     granted: Mapping[str, tuple[datetime, datetime]] = field(default_factory=dict)
+    granted_gpus: Mapping[str, int] = field(default_factory=dict)
     ended: Mapping[str, tuple[datetime, datetime]] = field(default_factory=dict)
     origins: Mapping[str, tuple[str, str]] = field(default_factory=dict)
 
@@ -75,7 +78,10 @@ def moved_after_end(
 def copy_rejection(uid: str, calendar: str, where: str, reason: str) -> Rejection:
     """The refusal of one copy of a UID, keyed apart from the booking it copies."""
     return Rejection(
-        key=f"{uid}{COPY_MARK}/{calendar}/{where}", uid=uid, calendar=calendar, reason=reason
+        key=f"{calendar_key(uid)}{COPY_MARK}/{calendar}/{where}",
+        uid=uid,
+        calendar=calendar,
+        reason=reason,
     )
 
 

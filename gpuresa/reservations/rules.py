@@ -56,7 +56,13 @@ from gpuresa.ical.events import (
     read_stamp,
 )
 from gpuresa.ical.text import unescape_text
-from gpuresa.model import Rejection, Reservation, ReservationSet, occurrence_key
+from gpuresa.model import (
+    Rejection,
+    Reservation,
+    ReservationSet,
+    calendar_key,
+    occurrence_key,
+)
 from gpuresa.reservations.claims import first_calendars, first_copies, moved_after_end
 
 log = logging.getLogger(__name__)
@@ -76,11 +82,14 @@ _LATEST = datetime.max.replace(tzinfo=UTC)
 _NOTHING_SEEN: Mapping[str, datetime] = MappingProxyType({})
 _NOTHING_GRANTED: Mapping[str, tuple[datetime, datetime]] = MappingProxyType({})
 _UNSAFE_UID = re.compile(r"[\x00-\x1f\x7f/\\]")
-# keys of ad-hoc sessions and benches, which a UID must not take
-_INTERNAL_PREFIXES = ("adhoc-", "bench:")
+# the keys the previous format gave ad-hoc sessions and benches: internal keys now start
+# with "@", which no calendar key does (`gpuresa.model.calendar_key`), but sessions and
+# journal rows made before may still carry these, so a UID may not take them
+_LEGACY_INTERNAL_PREFIXES = ("adhoc-", "bench:")
 # "<uid>@<recurrence id>" is the key of a series' occurrence: no single event's UID
 _OCCURRENCE_SUFFIX = re.compile(r"@[0-9]{8}(?:T[0-9]{6}Z?)?$")
 _NO_ORIGINS: Mapping[str, tuple[str, str]] = MappingProxyType({})
+_NO_COUNTS: Mapping[str, int] = MappingProxyType({})
 
 
 @contextlib.contextmanager
@@ -323,9 +332,9 @@ class _BookingReader:
         if problem.uid is not None:
             key = occurrence_key(problem.uid, problem.recurrence_id)
         elif problem.component is not None:
-            key = f"{problem.href}#{problem.component.position}"
+            key = f"{calendar_key(problem.href)}#{problem.component.position}"
         else:
-            key = problem.href
+            key = calendar_key(problem.href)
         user = email = None
         if problem.component is not None:
             # who to tell, if the rest of the event says it
@@ -359,7 +368,7 @@ class _BookingReader:
                 "the event's UID cannot name a reservation (it has '/', '\\' or control "
                 "characters, or is longer than 255)"
             )
-        elif uid and (uid.startswith(_INTERNAL_PREFIXES) or _OCCURRENCE_SUFFIX.search(uid)):
+        elif uid and (uid.startswith(_LEGACY_INTERNAL_PREFIXES) or _OCCURRENCE_SUFFIX.search(uid)):
             problems.append(
                 "the event's UID cannot name a reservation (it starts like a key gpuresa "
                 "keeps for itself, or ends like the key of an occurrence of a series)"
@@ -651,6 +660,7 @@ def resolve_conflicts(
     first_seen: Mapping[str, datetime] = _NOTHING_SEEN,
     holding: AbstractSet[str] = frozenset(),
     granted: Mapping[str, tuple[datetime, datetime]] = _NOTHING_GRANTED,
+    granted_gpus: Mapping[str, int] = _NO_COUNTS,
 ) -> ReservationSet:
     """Decide over-booking: on each host, the bookings with the better claim keep their GPUs.
 
@@ -672,6 +682,10 @@ def resolve_conflicts(
     first, the rest (a growth) is weighed after every other booking; a growth
     that does not fit is refused alone (a rejection keyed `<key>/growth`) and
     the booking is kept within its granted time. Shortening is always taken.
+    `granted_gpus` holds the GPU count each such session was given: a raise
+    of `gpus:` is a growth like a longer time (weighed last, refused alone);
+    a lower count is taken, but the granted time still counts the GPUs the
+    session holds (a running session keeps the GPUs it started with).
     """
     hosts = {host.name: host for host in config.hosts}
     kept: list[Reservation] = []
@@ -686,8 +700,9 @@ def resolve_conflicts(
             kept.extend(candidates)
             continue
         kept_here = _Timeline()
-        # a booking moved wholly out of its granted time holds nothing, like any other
-        holders = set(holding) | {
+        # a booking moved wholly out of its granted time holds nothing, like any other,
+        # whatever `holding` says: its granted time is what it holds
+        holders = {key for key in holding if key not in granted} | {
             item.key
             for item in candidates
             if item.key in granted
@@ -696,15 +711,15 @@ def resolve_conflicts(
         }
         candidates.sort(key=lambda item: _booking_order(item, first_seen, holders))
         # what holders were granted comes first; their growth, last
-        candidates, growths = _granted_first(candidates, granted)
-        for reservation in candidates:
+        ordered, growths = _granted_first(candidates, granted, granted_gpus)
+        for reservation, counted in ordered:
             if reservation.gpus > count:
                 # read_calendar rejects these already; a caller's own list may hold one
                 reason = f"{reservation.gpus} GPUs asked, but host {host_name!r} has {count}"
             else:
-                blocking = kept_here.blocking(reservation, count)
+                blocking = kept_here.blocking(counted, count)
                 if blocking is None:
-                    kept_here.add(reservation)
+                    kept_here.add(counted)
                     kept.append(reservation)
                     continue
                 used, winner = blocking
@@ -739,16 +754,21 @@ def _rejection(reservation: Reservation, reason: str, key: str | None = None) ->
 
 
 def _granted_first(
-    candidates: list[Reservation], granted: Mapping[str, tuple[datetime, datetime]]
-) -> tuple[list[Reservation], list[tuple[Reservation, Reservation]]]:
-    """The candidates with each holder cut to its granted time, and the holders that grew.
+    candidates: list[Reservation],
+    granted: Mapping[str, tuple[datetime, datetime]],
+    granted_gpus: Mapping[str, int],
+) -> tuple[list[tuple[Reservation, Reservation]], list[tuple[Reservation, Reservation]]]:
+    """The candidates with each holder cut to what it was granted, and the holders that grew.
 
-    Given candidates in `_booking_order`; returns them with each booking whose
-    new times meet its granted interval replaced by their intersection, and
-    (cut, whole) for each whose new times reach beyond it. A booking moved
-    wholly out of its granted time stays as it is.
+    Given candidates in `_booking_order`; returns (reservation, counted) for
+    each: a booking whose new times meet its granted interval is cut to
+    their intersection and to at most its granted GPU count, and counted on
+    the timeline with the GPUs its session holds (the granted count, when
+    the booking now asks fewer); and (cut, whole) for each whose new times
+    or GPU count reach beyond what it was granted. A booking moved wholly
+    out of its granted time stays as it is.
     """
-    order: list[Reservation] = []
+    order: list[tuple[Reservation, Reservation]] = []
     growths: list[tuple[Reservation, Reservation]] = []
     for reservation in candidates:
         interval = granted.get(reservation.key)
@@ -756,10 +776,11 @@ def _granted_first(
         if interval is not None:
             start, end = max(start, interval[0]), min(end, interval[1])
         if interval is None or start >= end:
-            order.append(reservation)
+            order.append((reservation, reservation))
             continue
-        cut = replace(reservation, start=start, end=end)
-        order.append(cut)
+        held = granted_gpus.get(reservation.key, reservation.gpus)
+        cut = replace(reservation, start=start, end=end, gpus=min(reservation.gpus, held))
+        order.append((cut, replace(cut, gpus=max(cut.gpus, held))))
         if cut != reservation:
             growths.append((cut, reservation))
     return order, growths
@@ -773,21 +794,29 @@ def _grow(
     first_seen: Mapping[str, datetime],
     holders: AbstractSet[str],
 ) -> Rejection | None:
-    """Add what `whole` asks beyond its granted `cut`, or the refusal of that growth."""
+    """Add what `whole` asks beyond its granted `cut` (more time, more GPUs), or the
+    refusal of that growth."""
     parts = [
         replace(whole, start=start, end=end)
         for start, end in ((whole.start, cut.start), (cut.end, whole.end))
         if start < end
     ]
+    if whole.gpus > cut.gpus:
+        # the GPUs asked beyond the granted count, during the granted time
+        parts.append(replace(cut, gpus=whole.gpus - cut.gpus))
     for part in parts:
         blocking = timeline.blocking(part, count)
         if blocking is not None:
             used, winner = blocking
             why = _conflict_reason(part, winner, used, count, first_seen, holders)
+            asked = f"{whole.start.isoformat()} – {whole.end.isoformat()}"
+            kept = f"{cut.start.isoformat()} – {cut.end.isoformat()}"
+            if whole.gpus > cut.gpus:
+                asked += f" with {whole.gpus} GPU(s)"
+                kept += f" with {cut.gpus} GPU(s)"
             reason = (
-                f"the change to {whole.start.isoformat()} – {whole.end.isoformat()} is not "
-                f"taken; the session keeps {cut.start.isoformat()} – {cut.end.isoformat()}, "
-                f"the time it was given: the new time {why}"
+                f"the change to {asked} is not taken; the session keeps {kept}, what it "
+                f"was given: the change {why}"
             )
             return _rejection(whole, reason, key=f"{whole.key}/growth")
     for part in parts:
@@ -851,13 +880,15 @@ def read_reservations(
     granted: Mapping[str, tuple[datetime, datetime]] = _NOTHING_GRANTED,
     ended: Mapping[str, tuple[datetime, datetime]] = _NOTHING_GRANTED,
     origins: Mapping[str, tuple[str, str]] = _NO_ORIGINS,
+    granted_gpus: Mapping[str, int] = _NO_COUNTS,
 ) -> ReservationSet:
     """What all calendars ask for over the window, with over-booking decided.
 
     Given each configured calendar's objects by calendar name (calendars
     missing from the mapping are skipped), and, for over-booking, when each
     key was first seen and which keys hold a session (see
-    `resolve_conflicts`; `granted`: the interval each session was given),
+    `resolve_conflicts`; `granted` and `granted_gpus`: the interval and the
+    GPU count each session was given),
     and the times of the bookings whose session ended (`ended`: an ended
     occurrence never runs again; moved, it is a new booking, see
     `gpuresa.reservations.claims.moved_after_end`), returns the kept reservations
@@ -873,7 +904,7 @@ def read_reservations(
     with _cycle_collection_paused():
         found = _read_all(config, objects_by_calendar, window_start, window_end, variants, origins)
     found = replace(found, reservations=moved_after_end(found.reservations, ended))
-    return _resolve(found, config, first_seen, holding, granted)
+    return _resolve(found, config, first_seen, holding, granted, granted_gpus)
 
 
 def _read_all(
@@ -910,10 +941,16 @@ def _resolve(
     first_seen: Mapping[str, datetime],
     holding: AbstractSet[str],
     granted: Mapping[str, tuple[datetime, datetime]] = _NOTHING_GRANTED,
+    granted_gpus: Mapping[str, int] = _NO_COUNTS,
 ) -> ReservationSet:
     """`found`'s reservations with over-booking decided; its rejections kept."""
     resolved = resolve_conflicts(
-        found.reservations, config, first_seen=first_seen, holding=holding, granted=granted
+        found.reservations,
+        config,
+        first_seen=first_seen,
+        holding=holding,
+        granted=granted,
+        granted_gpus=granted_gpus,
     )
     rejected = sorted((*found.rejected, *resolved.rejected), key=_rejection_order)
     return replace(resolved, rejected=tuple(rejected))

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from gpuresa.access import AccessError, check_login
 from gpuresa.config.sections import Config
-from gpuresa.model import Session, SessionSpec
+from gpuresa.model import AD_HOC_PREFIX, Session, SessionSpec
 from gpuresa.planning.allocation import Holding, Ports, allocate_gpus, allocate_ports
 from gpuresa.runtime.errors import SessionError
 from gpuresa.runtime.payload import utc_text
@@ -81,7 +81,7 @@ def new_spec(
     start = start or datetime.now(UTC)
     if end <= start:
         raise SessionError(f"the end {utc_text(end)} is not after the start {utc_text(start)}")
-    key = key or f"adhoc-{secrets.token_hex(4)}"
+    key = key or f"{AD_HOC_PREFIX}{secrets.token_hex(4)}"
     try:
         check_login(user)
     except AccessError as error:

@@ -4,16 +4,19 @@ A source's `poll()` returns every object of its calendar (href or file name ->
 iCalendar bytes), says whether anything changed since the last poll, and
 counts the requests and bytes it took. Each source keeps its last good
 snapshot under `<state_dir>/calendars/<name>/`, loaded when it is made, so a
-restarted daemon has its reservations before (or without) the server; any
-failure raises `SourceError` with a one-line reason and leaves the snapshot
-as it was.
+restarted daemon has its reservations before (or without) the server; a
+failure of the whole calendar (no answer, a refused login, a missing folder)
+raises `SourceError` with a one-line reason and leaves the snapshot as it
+was. One object that cannot be fetched or read (a file of a folder, an href
+of a collection) fails alone: it is named in `PollResult.problems`, its last
+good copy (if any) stays, and the rest of the calendar is read as usual.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Protocol
@@ -35,6 +38,9 @@ class PollResult:
     changed: bool
     requests: int
     bytes_received: int
+    # objects that could not be fetched or read this time, by href or file name: why
+    # (their last good copy, if any, is in `objects`)
+    problems: Mapping[str, str] = field(default_factory=dict)
 
 
 class CalendarSource(Protocol):

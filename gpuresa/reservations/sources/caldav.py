@@ -17,8 +17,12 @@ A poll asks for as little as the server allows:
 `caldav.DAVClient` does the HTTP, the authentication (basic or digest) and
 the XML parsing; requests and bytes received are counted by a hook on its
 session. The last good snapshot is kept on disk (see `snapshot`); an answer
-that is not a multistatus (an HTML login page) or an object that is not a
-complete VCALENDAR fails the poll and leaves it as it was.
+that is not a multistatus (an HTML login page) fails the poll and leaves it
+as it was. One object that cannot be fetched (the server answers an error
+for it, or data that is not a complete VCALENDAR) fails alone: it is named in
+the poll's `problems`, its last good copy stays (a flaky fetch cancels no
+booking; only a listing that no longer has it, or a 404, removes it), the
+sync token is not advanced past it, so it is fetched again at the next poll.
 """
 
 from __future__ import annotations
@@ -114,6 +118,8 @@ class CalDAVSource:
         self.requests = 0
         self.bytes_received = 0
         self.last_changes = Changes()
+        # the objects that could not be fetched at the last poll: why
+        self.problems: dict[str, str] = {}
 
     # --- the interface -----------------------------------------------------------------
 
@@ -150,7 +156,9 @@ class CalDAVSource:
         now = now or datetime.now(UTC)
         self.last_success = now
         self.store.save_success(now)
-        return PollResult(self.snapshot(), changed, self.requests, self.bytes_received)
+        return PollResult(
+            self.snapshot(), changed, self.requests, self.bytes_received, dict(self.problems)
+        )
 
     # --- one poll ------------------------------------------------------------------------
 
@@ -178,15 +186,17 @@ class CalDAVSource:
             for href, etag in changes.etags.items()
             if href not in objects or etag is None or objects[href].etag != etag
         ]
-        fetched = self._fetch(client, wanted) if wanted else {}
+        fetched, problems = self._fetch(client, wanted) if wanted else ({}, {})
         added: set[str] = set()
         modified: set[str] = set()
         for href in removed:
             del objects[href]
         for href in wanted:
             found = fetched.get(href)
+            if href in problems:
+                continue  # not fetched this time: its last good copy, if any, stays
             if found is None:
-                # listed, then gone before it could be fetched
+                # listed, then gone before it could be fetched (the server said 404)
                 if objects.pop(href, None) is not None:
                     removed.add(href)
             elif href not in objects:
@@ -199,9 +209,14 @@ class CalDAVSource:
                 objects[href] = found  # same data, new ETag
         self.last_changes = Changes(frozenset(added), frozenset(modified), frozenset(removed))
         changed = bool(added or modified or removed)
-        token_changed = changes.token != state.sync_token
+        token = changes.token
+        if problems:
+            # the next sync must name the objects that failed again
+            token = None if changes.complete else state.sync_token
+        token_changed = token != state.sync_token
+        self.problems = problems
         state.objects = objects
-        state.sync_token = changes.token
+        state.sync_token = token
         if changed or token_changed or wanted:
             self.store.save(state)
         log.debug(
@@ -339,38 +354,67 @@ class CalDAVSource:
                 etags[entry.path] = entry.etag
         return _Changes(etags, set(), None, complete=True)
 
-    def _fetch(self, client: Any, hrefs: list[str]) -> dict[str, StoredObject]:
-        """The data and ETags of `hrefs`: calendar-multiget REPORTs, in batches."""
+    def _fetch(
+        self, client: Any, hrefs: list[str]
+    ) -> tuple[dict[str, StoredObject], dict[str, str]]:
+        """The data and ETags of `hrefs` (calendar-multiget REPORTs, in batches), and why
+        each that could not be fetched failed.
+
+        An href the server answers 404 for is in neither (it is gone). A batch
+        the server refuses as a whole is asked again one object at a time, so
+        one object the server cannot send fails alone.
+        """
         found: dict[str, StoredObject] = {}
-        for first in range(0, len(hrefs), MULTIGET_BATCH):
-            batch = hrefs[first : first + MULTIGET_BATCH]
-            listed = "".join(
-                f"<d:href>{escape(quote(href, safe=HREF_SAFE))}</d:href>" for href in batch
-            )
-            body = (
-                '<?xml version="1.0" encoding="utf-8"?>'
-                '<c:calendar-multiget xmlns:d="DAV:" xmlns:c="urn:ietf:params:xml:ns:caldav">'
-                "<d:prop><d:getetag/><c:calendar-data/></d:prop>"
-                f"{listed}</c:calendar-multiget>"
-            )
-            response = client.report(self.url, body, depth=1)
+        problems: dict[str, str] = {}
+        batches = [
+            hrefs[first : first + MULTIGET_BATCH] for first in range(0, len(hrefs), MULTIGET_BATCH)
+        ]
+        while batches:
+            batch = batches.pop()
+            response = self._multiget(client, batch)
             if response.status != 207 or response.tree is None:
-                raise SourceError(
-                    f"calendar {self.name}: fetching {len(batch)} object(s) failed "
-                    f"(HTTP {response.status} {response.reason})"
-                )
+                if len(batch) > 1:
+                    batches.extend([href] for href in batch)
+                    continue
+                problems[batch[0]] = f"HTTP {response.status} {response.reason or ''}".rstrip()
+                continue
+            answered: set[str] = set()
             for entry in self._responses(response):
-                if entry.path is not None and entry.data is not None:
-                    data = entry.data.encode("utf-8")
-                    problem = icalendar_problem(data)
-                    if problem is not None:
-                        # a broken answer must not read as a booking removed
-                        name = entry.path.rsplit("/", 1)[-1]
-                        raise SourceError(
-                            f"calendar {self.name}: object {name} from {self.where}: {problem}"
-                        )
-                    found[entry.path] = StoredObject(data, entry.etag)
-        return found
+                if entry.path is None or entry.path not in batch:
+                    continue
+                answered.add(entry.path)
+                if entry.data is None:
+                    if entry.status != 404:  # a 404: gone since the listing
+                        status = f"HTTP {entry.status}" if entry.status else "no calendar data"
+                        problems[entry.path] = f"the server sent no data for it ({status})"
+                    continue
+                data = entry.data.encode("utf-8")
+                problem = icalendar_problem(data)
+                if problem is not None:
+                    # a broken answer must not read as a booking removed
+                    problems[entry.path] = problem
+                    continue
+                found[entry.path] = StoredObject(data, entry.etag)
+            for href in batch:
+                if href not in answered:
+                    problems[href] = "the server's answer did not include it"
+        for href, problem in list(problems.items()):
+            # the object's name, as the other messages give it: the path may be private
+            problems[href] = f"object {href.rsplit('/', 1)[-1]} from {self.where}: {problem}"
+            log.warning("calendar %s: %s; its last good copy (if any) stays", self.name, problem)
+        return found, problems
+
+    def _multiget(self, client: Any, batch: list[str]) -> Any:
+        listed = "".join(
+            f"<d:href>{escape(quote(href, safe=HREF_SAFE))}</d:href>" for href in batch
+        )
+        body = (
+            '<?xml version="1.0" encoding="utf-8"?>'
+            '<c:calendar-multiget xmlns:d="DAV:" xmlns:c="urn:ietf:params:xml:ns:caldav">'
+            "<d:prop><d:getetag/><c:calendar-data/></d:prop>"
+            f"{listed}</c:calendar-multiget>"
+        )
+        return client.report(self.url, body, depth=1)
 
     # --- reading multistatus answers ---------------------------------------------------------
 

@@ -10,7 +10,10 @@ Like every source, the last good copy is kept on disk, and a failure raises
 `SourceError` with a one-line reason (a feed URL's query and the end of its
 path, which often hold an access key, are never shown). Content that is not a
 complete iCalendar stream (an HTML login page, an empty or half-written file)
-is such a failure, not an empty calendar: the snapshot stays.
+is such a failure, not an empty calendar: the snapshot stays. In a folder,
+one file that cannot be read (half-written, unreadable, too large) fails
+alone: it is named in the poll's `problems`, its last good copy stays (a file
+being rewritten cancels nothing), and it is read again at the next poll.
 """
 
 from __future__ import annotations
@@ -67,6 +70,8 @@ class ICSSource:
         # file name -> (modification time, size) of what the snapshot holds
         self._seen: dict[str, tuple[int, int]] = {}
         self._session: Any = None
+        # the files of a folder that could not be read at the last poll: why
+        self.problems: dict[str, str] = {}
 
     def snapshot(self) -> Mapping[str, bytes]:
         """The objects of the last successful poll, or of the snapshot loaded from disk."""
@@ -86,7 +91,7 @@ class ICSSource:
         now = now or datetime.now(UTC)
         self.last_success = now
         self.store.save_success(now)
-        return PollResult(self.snapshot(), changed, requests, received)
+        return PollResult(self.snapshot(), changed, requests, received, dict(self.problems))
 
     # --- files ---------------------------------------------------------------------------
 
@@ -123,23 +128,19 @@ class ICSSource:
             del objects[name]
             seen.pop(name, None)
             changed = True
+        problems: dict[str, str] = {}
         for name, file in files.items():
             if seen.get(name) == signatures[name] and name in objects:
                 continue
-            if signatures[name][1] > self.max_bytes:
-                raise SourceError(
-                    f"calendar {self.name}: {file} is larger than {self.max_bytes} bytes"
-                )
-            try:
-                data = file.read_bytes()
-            except OSError as error:
-                raise SourceError(
-                    f"calendar {self.name}: cannot read {file}: {error.strerror or error}"
-                ) from None
-            problem = icalendar_problem(data)
-            if problem is not None:
-                # most often a file being rewritten: keep the whole last good snapshot
-                raise SourceError(f"calendar {self.name}: {file}: {problem}")
+            problem = self._file_problem(file, signatures[name][1])
+            if isinstance(problem, str):
+                if not path.is_dir():
+                    raise SourceError(f"calendar {self.name}: {problem}")
+                # one file of a folder (most often one being rewritten) fails alone: its
+                # last good copy stays, and it is read again at the next poll
+                problems[name] = problem
+                continue
+            data = problem
             received += len(data)
             seen[name] = signatures[name]
             if name not in objects or objects[name].data != data:
@@ -147,7 +148,19 @@ class ICSSource:
                 changed = True
         self.state.objects = objects
         self._seen = seen
+        self.problems = problems
         return changed, 0, received
+
+    def _file_problem(self, file: Path, size: int) -> bytes | str:
+        """The content of `file`, or why it cannot be a calendar object (with its path)."""
+        if size > self.max_bytes:
+            return f"{file} is larger than {self.max_bytes} bytes"
+        try:
+            data = file.read_bytes()
+        except OSError as error:
+            return f"cannot read {file}: {error.strerror or error}"
+        problem = icalendar_problem(data)
+        return data if problem is None else f"{file}: {problem}"
 
     # --- feeds ---------------------------------------------------------------------------
 
