@@ -97,7 +97,7 @@ class Daemon:
 
     @property
     def docker_backoff(self) -> timedelta:
-        return self.loop.docker_backoff if self.loop is not None else timedelta(seconds=1)
+        return self.loop.survey.backoff if self.loop is not None else timedelta(seconds=1)
 
     # --- life cycle ----------------------------------------------------------------
 
@@ -286,7 +286,7 @@ class Daemon:
         """Tell systemd we are alive, unless the loop has not turned for too long."""
         if self.loop is None:
             return
-        silent = time.monotonic() - self.loop.heartbeat
+        silent = self.loop.clock.monotonic() - self.loop.heartbeat
         if silent < STUCK_AFTER.total_seconds():
             systemd.watchdog()
         else:

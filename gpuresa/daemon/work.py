@@ -193,16 +193,3 @@ class Work:
         else:
             self.runtime.ensure_image(template, cuda)
         return Done()
-
-
-def deadline_of(action: object) -> float:
-    """Seconds an action may take before the loop reports it and escalates.
-
-    A start waits up to 30 s for sshd and FTP after creating what is missing; a
-    stop waits the grace period for the user's processes, then kills.
-    """
-    if isinstance(action, Stop):
-        return action.grace.total_seconds() + 60
-    if isinstance(action, (Start, Recreate, Prepare)):
-        return 120
-    return 60
