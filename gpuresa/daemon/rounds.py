@@ -19,7 +19,7 @@ from gpuresa.daemon.observing import GpuWatch
 from gpuresa.daemon.polling import Polling
 from gpuresa.daemon.survey import Survey
 from gpuresa.daemon.tools import Tools
-from gpuresa.daemon.work import Done, Started
+from gpuresa.daemon.work import UNWINDING, Done, Started
 from gpuresa.model import Session
 from gpuresa.plan import Action, Stop, plan, wakeups
 from gpuresa.runtime.errors import ImageMissing, PortRefused, RuntimeUnavailable
@@ -223,21 +223,31 @@ class Rounds:
     # --- finishing what a restart interrupted ------------------------------------------------
 
     def _finish_interrupted_stops(self, sessions: list[Session], now: datetime) -> None:
+        """Finish the stops a restart (or a failure) cut short after the containers went.
+
+        A stop that had told its user left a record (`stopping:<key>`): its
+        output is handed over and the end notice sent. Every stop left its
+        reason (`unwinding:<key>`): the network and files it left are removed.
+        """
         present = {session.key for session in sessions}
-        records = self.tools.context.journal.meta_with_prefix("stopping:")
+        journal = self.tools.context.journal
+        records = journal.meta_with_prefix("stopping:")
+        unwinding = journal.meta_with_prefix(UNWINDING)
         work = self.tools.context.work
+        jobs: dict[str, Callable[[], object]] = {
+            key: functools.partial(work.finish_unwinding, key, reason, now)
+            for key, reason in unwinding.items()
+        }
         for key, record in records.items():
+            jobs[key] = functools.partial(work.finish_interrupted_stop, key, record, now)
+        for key, job in jobs.items():
             if key in present or self.tools.executor.busy(key):
                 continue  # the planner stops it again, or it is being finished
             _, retry_after = self.remembered.finishing.get(key, (0, now))
             if now < retry_after:
                 continue
             self.tools.executor.submit(
-                key,
-                "finish-stop",
-                functools.partial(work.finish_interrupted_stop, key, record, now),
-                functools.partial(self._interrupted_stop_done, key),
-                600,
+                key, "finish-stop", job, functools.partial(self._interrupted_stop_done, key), 600
             )
 
     def _interrupted_stop_done(self, key: str, outcome: object) -> None:
@@ -253,6 +263,7 @@ class Rounds:
             # the containers are gone: what is left is the hand-over and the end notice
             finishing.pop(key, None)
             self.tools.context.journal.delete_meta(f"stopping:{key}")
+            self.tools.context.journal.delete_meta(f"{UNWINDING}{key}")
             self.tools.context.notices.to_admin(
                 key,
                 "finish-stop-failed",
