@@ -49,6 +49,7 @@ from test_daemon_cli import ics_event
 
 from gpuresa.config import Config, load_config
 from gpuresa.demo import free_port_block
+from gpuresa.outputs.service import OutputService
 from gpuresa.runtime import Runtime
 
 HOST = f"bench-{os.getpid()}"
@@ -188,9 +189,12 @@ def latency(directory: Path, count: int) -> tuple[list[float], list[float]]:
         threads = [threading.Thread(target=measure, args=booking) for booking in bookings]
         for thread in threads:
             thread.start()
-        for thread in threads:
-            thread.join()
-        daemon.terminate()
+        try:
+            for thread in threads:
+                thread.join()
+        finally:
+            daemon.terminate()
+            _remove_sessions(config)
         return starts, ends
     finally:
         radicale.stop()
@@ -253,9 +257,11 @@ def hostile_neighbour(directory: Path) -> float | None:
 
 
 def _remove_sessions(config: Config) -> None:
+    """Remove what the daemon left: its sessions and its output service (which holds a port)."""
     runtime = Runtime(config)
     for session in runtime.list_sessions():
         runtime.kill(session.key)
+    OutputService(config, runtime).remove()
 
 
 def cpu_seconds(pid: int) -> float:
@@ -286,12 +292,15 @@ def idle(directory: Path, poll: str, seconds: int) -> tuple[float, float]:
             )
         config = write_config(directory, str(calendar.url), radicale, poll)
         daemon = DaemonProcess(Path(config.source), directory / "daemon.log")
-        time.sleep(10)  # start-up and the first poll are not idle time
-        before = cpu_seconds(daemon.process.pid)
-        time.sleep(seconds)
-        used = cpu_seconds(daemon.process.pid) - before
-        memory = rss_mib(daemon.process.pid)
-        daemon.terminate()
+        try:
+            time.sleep(10)  # start-up and the first poll are not idle time
+            before = cpu_seconds(daemon.process.pid)
+            time.sleep(seconds)
+            used = cpu_seconds(daemon.process.pid) - before
+            memory = rss_mib(daemon.process.pid)
+        finally:
+            daemon.terminate()
+            _remove_sessions(config)
         return used, memory
     finally:
         radicale.stop()

@@ -202,10 +202,16 @@ class Daemon:
         if self.outbox is not None:
             self.outbox.stop(timeout=max(deadline - time.monotonic(), 0.1))
         if self.loop is not None:
-            # a stop whose containers are gone has only its journal lines left to write
-            while self.loop.executor.running() and time.monotonic() < deadline:
+            # a stop whose containers are gone has only its journal lines left to write; a
+            # background job (the outputs duty) may be making a container: let it finish
+            # rather than leave it half made
+            loop = self.loop
+            while (
+                loop.executor.running() or loop.tools.background_running()
+            ) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            busy = sorted(f"{entry.what} {entry.key}" for entry in self.loop.executor.running())
+            busy = sorted(f"{entry.what} {entry.key}" for entry in loop.executor.running())
+            busy += loop.tools.background_running()
             if busy:
                 log.warning("left under way, to be finished after the next start: %s", busy)
         self._release()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from gpuresa.daemon.clock import Clock
@@ -29,6 +29,13 @@ class Tools:
     executor: Executor
     counters: Counters
     post: Callable[[Callable[[], None]], None]
+    # the background jobs' threads (a poll, a survey, the outputs duty...), for a shutdown
+    threads: list[threading.Thread] = field(default_factory=list)
+
+    def background_running(self) -> list[str]:
+        """The names of the background jobs still under way."""
+        self.threads = [thread for thread in self.threads if thread.is_alive()]
+        return [thread.name for thread in self.threads]
 
     def background(
         self, name: str, work: Callable[[], Result], done: Callable[[Result | Exception], None]
@@ -42,4 +49,6 @@ class Tools:
                 result = error
             self.post(lambda: done(result))
 
-        threading.Thread(target=run, name=f"gpuresa-{name}", daemon=True).start()
+        thread = threading.Thread(target=run, name=f"gpuresa-{name}", daemon=True)
+        self.threads = [thread for thread in self.threads if thread.is_alive()] + [thread]
+        thread.start()
