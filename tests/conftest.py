@@ -61,6 +61,33 @@ def wait_for_port(port: int, timeout: float, what: str, process: Any = None) -> 
     pytest.fail(f"{what} did not listen on 127.0.0.1:{port} within {timeout} s")
 
 
+# --- the fast lane ---------------------------------------------------------------
+
+# Fixtures that start or reach a service: a test that uses one (directly or through
+# another fixture) is marked `services`, so `pytest -m "not services"` runs the rest.
+SERVICE_FIXTURES = frozenset(
+    {
+        "docker_client",
+        "podman_client",
+        "docker_harness",
+        "podman_harness",
+        # asks for an engine's client by name (`getfixturevalue`)
+        "engine_harness",
+        "radicale",
+        "radicale_private",
+        "smtp_server",
+    }
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that uses an engine, a server or the daemon `services`."""
+    for item in items:
+        uses = SERVICE_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+        if uses or item.get_closest_marker("docker") is not None:
+            item.add_marker(pytest.mark.services)
+
+
 # --- failure reports -------------------------------------------------------------
 
 

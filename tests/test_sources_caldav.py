@@ -21,9 +21,10 @@ from urllib.parse import urlsplit
 
 import pytest
 from conftest import RadicaleServer
+from support.configs import config_of
 
 from gpuresa.calendars import Calendars
-from gpuresa.config import Config, parse_config
+from gpuresa.config import Config
 from gpuresa.sources import SourceError, open_source
 from gpuresa.sources.caldav_source import CalDAVSource, Changes
 
@@ -42,7 +43,7 @@ def add_event(calendar: Any, uid: str, summary: str = "alice", day: int = 0) -> 
 
 
 def make_config(url: str, server: RadicaleServer, state: Path, **calendar: Any) -> Config:
-    return parse_config(
+    return config_of(
         {
             "daemon": {"host": "gpu1", "state_dir": str(state)},
             "hosts": [{"name": "gpu1", "gpus": [0, 1, 2, 3]}],

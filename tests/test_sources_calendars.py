@@ -7,8 +7,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from support.configs import config_of
+
 from gpuresa.calendars import CalendarFreshness, Calendars
-from gpuresa.config import Config, parse_config
+from gpuresa.config import Config
 
 NOW = datetime(2026, 3, 10, 12, tzinfo=UTC)
 
@@ -30,7 +32,7 @@ def unused_port() -> int:
 
 
 def make_config(tmp_path: Path, *calendars: dict[str, Any]) -> Config:
-    return parse_config(
+    return config_of(
         {
             "daemon": {"host": "gpu1", "state_dir": str(tmp_path / "state")},
             "reservations": {"window_past": "1d", "window_ahead": "14d"},
