@@ -81,7 +81,9 @@ class Survey:
 
     def surveyed(self, result: Seen | Exception, generation: int) -> None:
         """A survey that began at `generation` returned `result` (on the loop thread)."""
-        self.job.finish(self.tools.clock.monotonic())
+        now = self.tools.clock.monotonic()
+        # due again at once, unless an action met the engine down meanwhile (its back-off)
+        self.job.finish(now, after=max(self.job.next_at - now, 0.0))
         if generation != self.generation:
             self.wanted = True  # an action ended meanwhile: look again
             return
