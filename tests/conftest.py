@@ -298,11 +298,25 @@ def _engine_client(engine: str) -> Any:
     return client
 
 
+def _wait_for_daemon_jobs(timeout: float = 60) -> None:
+    """Wait for the background jobs of daemons the tests ran in this process.
+
+    A job still under way after its daemon's shutdown (the outputs duty making
+    the output service's container) would make its container after the last
+    clean-up, and leave it behind.
+    """
+    deadline = time.monotonic() + timeout
+    for thread in threading.enumerate():
+        if thread.name in ("gpuresa-outputs", "gpuresa-maintenance", "gpuresa-build"):
+            thread.join(max(deadline - time.monotonic(), 0))
+
+
 @pytest.fixture(scope="session")
 def docker_client() -> Iterator[Any]:
     """A client of the real Docker engine."""
     client = _engine_client("docker")
     yield client
+    _wait_for_daemon_jobs()
     DockerHarness(client).remove_all()
     client.close()
 
@@ -312,6 +326,7 @@ def podman_client() -> Iterator[Any]:
     """A client of the real Podman service, through its Docker-compatible API."""
     client = _engine_client("podman")
     yield client
+    _wait_for_daemon_jobs()
     DockerHarness(client, engine="podman").remove_all()
     client.close()
 
