@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import random
 import statistics
 import sys
 import tempfile
@@ -44,11 +43,10 @@ from daemon_stage import (
     wait_ssh_ready,
 )
 from daemon_stage import write_config as write_stage_config
-from support.configs import CalDav, write_daemon_config
+from support.configs import CalDav, free_ports, write_daemon_config
 from test_daemon_cli import ics_event
 
 from gpuresa.config import Config, load_config
-from gpuresa.demo import free_port_block
 from gpuresa.outputs.service import OutputService
 from gpuresa.runtime import Runtime
 
@@ -57,7 +55,7 @@ HOST = f"bench-{os.getpid()}"
 
 def port_block(size: int) -> int:
     """The first of `size` consecutive free ports on 127.0.0.1."""
-    return free_port_block(size, random.randint(40000, 60000))
+    return free_ports(size)
 
 
 def write_config(directory: Path, calendar_url: str, radicale: Any, poll: str) -> Config:

@@ -7,7 +7,6 @@ daemon is killed with SIGKILL mid-session, as an admin's worst day would go.
 from __future__ import annotations
 
 import contextlib
-import random
 import signal
 import subprocess
 import sys
@@ -28,10 +27,10 @@ from conftest import (
     RadicaleServer,
     SMTPServer,
 )
+from support.configs import free_ports
 from support.waiting import wait_for
 
 from gpuresa.config import Config, load_config
-from gpuresa.demo import free_port_block
 from gpuresa.journal import Journal
 from gpuresa.model import Session
 from gpuresa.outputs.service import OutputService
@@ -40,7 +39,7 @@ from gpuresa.runtime import Runtime
 
 def port_block(size: int) -> int:
     """The first of `size` consecutive free ports on 127.0.0.1."""
-    return free_port_block(size, random.randint(40000, 60000))
+    return free_ports(size)
 
 
 @dataclass

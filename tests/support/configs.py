@@ -9,6 +9,7 @@ URL with its credentials), one host with free ports on 127.0.0.1 for
 
 from __future__ import annotations
 
+import contextlib
 import random
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -26,6 +27,21 @@ BASE: Mapping[str, Any] = {
     "daemon": {"host": "gpu1"},
     "hosts": [{"name": "gpu1", "gpus": [0, 1, 2, 3]}],
 }
+
+
+def free_ports(size: int) -> int:
+    """The first of `size` consecutive free ports on 127.0.0.1, below the ephemeral range.
+
+    A port in the kernel's ephemeral range (`ip_local_port_range`, 32768-60999
+    by default) may be the local end of any outgoing connection meanwhile (to
+    the engine, a relay, a calendar), and the engine then cannot bind it: the
+    test would see "taken by another program". Random, so that tests running
+    at once rarely pick the same block.
+    """
+    low = 32768
+    with contextlib.suppress(OSError, ValueError):
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    return free_port_block(size, random.randint(min(10000, low // 2), low - 1000))
 
 
 def config_of(*layers: Mapping[str, Any], base: bool = True, source: str = "test.toml") -> Config:
@@ -90,7 +106,7 @@ def write_daemon_config(
     for user in users:
         (keys / f"{user}.pub").write_text(key_file.with_suffix(".pub").read_text())
     passive = passive_per_session * sessions
-    first = free_port_block(2 * sessions + passive, random.randint(40000, 60000))
+    first = free_ports(2 * sessions + passive)
     if calendar is None:
         folder = directory / "calendar"
         folder.mkdir(exist_ok=True)
