@@ -1,5 +1,5 @@
 # The README's two commands are `make demo` and `make test`; both call `make setup`.
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test test-fast lint bench clean
 
 VENV := .venv/bin
 
@@ -16,6 +16,10 @@ lint: setup
 
 test: lint
 	$(VENV)/pytest
+
+# lint and the tests that need no engine, server or daemon (under a minute)
+test-fast: lint
+	$(VENV)/pytest -m "not services"
 
 bench: setup
 	$(VENV)/python benchmarks/bench_reservations.py

@@ -20,9 +20,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -34,7 +32,7 @@ from typing import Any
 import paramiko
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
-from conftest import BASE_IMAGE, start_radicale
+from conftest import start_radicale
 from daemon_stage import (
     DaemonProcess,
     HangingRelay,
@@ -45,10 +43,11 @@ from daemon_stage import (
     wait_ssh_ready,
 )
 from daemon_stage import write_config as write_stage_config
+from support.configs import CalDav, free_ports, write_daemon_config
 from test_daemon_cli import ics_event
 
-from gpuresa.commands.demo import free_port_block
 from gpuresa.config.sections import Config, load_config
+from gpuresa.outputs.service import OutputService
 from gpuresa.runtime import Runtime
 
 HOST = f"bench-{os.getpid()}"
@@ -56,55 +55,20 @@ HOST = f"bench-{os.getpid()}"
 
 def port_block(size: int) -> int:
     """The first of `size` consecutive free ports on 127.0.0.1."""
-    return free_port_block(size, random.randint(40000, 60000))
+    return free_ports(size)
 
 
 def write_config(directory: Path, calendar_url: str, radicale: Any, poll: str) -> Config:
-    keys = directory / "keys"
-    keys.mkdir(exist_ok=True)
-    key_file = directory / "user_key"
-    if not key_file.exists():
-        subprocess.run(
-            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key_file)], check=True
-        )
-    (keys / "alice.pub").write_text(key_file.with_suffix(".pub").read_text())
-    ssh_first, ftp_first, passive_first = port_block(10), port_block(10), port_block(40)
-    file = directory / "config.toml"
-    file.write_text(
-        f"""
-[daemon]
-host = "{HOST}"
-state_dir = "{directory / "state"}"
-poll_interval = "{poll}"
-prepare_ahead = "8s"
-stop_grace = "2s"
-warnings = ["5s"]
-[[calendars]]
-name = "bench"
-url = "{calendar_url}"
-username = "{radicale.username}"
-password_file = "{radicale.password_file}"
-host = "{HOST}"
-default_template = "pytorch"
-[[hosts]]
-name = "{HOST}"
-gpus = [0, 1, 2, 3, 4, 5, 6, 7]
-gpu_mode = "none"
-bind_address = "127.0.0.1"
-ssh_ports = "{ssh_first}-{ssh_first + 9}"
-ftp_ports = "{ftp_first}-{ftp_first + 9}"
-ftp_passive_ports = "{passive_first}-{passive_first + 39}"
-ftp_passive_per_session = 4
-[templates]
-base_image = "{BASE_IMAGE}"
-[users]
-keys_dir = "{keys}"
-host_authorized_keys = false
-[storage]
-output_root = "{directory / "output"}"
-[limits]
-shm_size = "64m"
-"""
+    """The daemon's config: the CalDAV calendar at `calendar_url`, ten sessions at once."""
+    file = write_daemon_config(
+        directory,
+        host=HOST,
+        calendar=CalDav(calendar_url, radicale.username, radicale.password_file),
+        sessions=10,
+        passive_per_session=4,
+        gpus=range(8),
+        daemon=f'poll_interval = "{poll}"\nprepare_ahead = "8s"\nstop_grace = "2s"\n'
+        'warnings = ["5s"]',
     )
     return load_config(file)
 
@@ -142,7 +106,7 @@ def latency(directory: Path, count: int) -> tuple[list[float], list[float]]:
         runtime = Runtime(config)
         runtime.ensure_image("pytorch", None)
         runtime.ensure_ftp_image()  # starts never build images
-        key_file = directory / "user_key"
+        key_file = directory / "key"
         base = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=20)
         bookings = []
         for index in range(count):
@@ -188,9 +152,12 @@ def latency(directory: Path, count: int) -> tuple[list[float], list[float]]:
         threads = [threading.Thread(target=measure, args=booking) for booking in bookings]
         for thread in threads:
             thread.start()
-        for thread in threads:
-            thread.join()
-        daemon.terminate()
+        try:
+            for thread in threads:
+                thread.join()
+        finally:
+            daemon.terminate()
+            _remove_sessions(config)
         return starts, ends
     finally:
         radicale.stop()
@@ -253,9 +220,11 @@ def hostile_neighbour(directory: Path) -> float | None:
 
 
 def _remove_sessions(config: Config) -> None:
+    """Remove what the daemon left: its sessions and its output service (which holds a port)."""
     runtime = Runtime(config)
     for session in runtime.list_sessions():
         runtime.kill(session.key)
+    OutputService(config, runtime).remove()
 
 
 def cpu_seconds(pid: int) -> float:
@@ -286,12 +255,15 @@ def idle(directory: Path, poll: str, seconds: int) -> tuple[float, float]:
             )
         config = write_config(directory, str(calendar.url), radicale, poll)
         daemon = DaemonProcess(Path(config.source), directory / "daemon.log")
-        time.sleep(10)  # start-up and the first poll are not idle time
-        before = cpu_seconds(daemon.process.pid)
-        time.sleep(seconds)
-        used = cpu_seconds(daemon.process.pid) - before
-        memory = rss_mib(daemon.process.pid)
-        daemon.terminate()
+        try:
+            time.sleep(10)  # start-up and the first poll are not idle time
+            before = cpu_seconds(daemon.process.pid)
+            time.sleep(seconds)
+            used = cpu_seconds(daemon.process.pid) - before
+            memory = rss_mib(daemon.process.pid)
+        finally:
+            daemon.terminate()
+            _remove_sessions(config)
         return used, memory
     finally:
         radicale.stop()

@@ -61,6 +61,33 @@ def wait_for_port(port: int, timeout: float, what: str, process: Any = None) -> 
     pytest.fail(f"{what} did not listen on 127.0.0.1:{port} within {timeout} s")
 
 
+# --- the fast lane ---------------------------------------------------------------
+
+# Fixtures that start or reach a service: a test that uses one (directly or through
+# another fixture) is marked `services`, so `pytest -m "not services"` runs the rest.
+SERVICE_FIXTURES = frozenset(
+    {
+        "docker_client",
+        "podman_client",
+        "docker_harness",
+        "podman_harness",
+        # asks for an engine's client by name (`getfixturevalue`)
+        "engine_harness",
+        "radicale",
+        "radicale_private",
+        "smtp_server",
+    }
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that uses an engine, a server or the daemon `services`."""
+    for item in items:
+        uses = SERVICE_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+        if uses or item.get_closest_marker("docker") is not None:
+            item.add_marker(pytest.mark.services)
+
+
 # --- failure reports -------------------------------------------------------------
 
 
@@ -271,11 +298,25 @@ def _engine_client(engine: str) -> Any:
     return client
 
 
+def _wait_for_daemon_jobs(timeout: float = 60) -> None:
+    """Wait for the background jobs of daemons the tests ran in this process.
+
+    A job still under way after its daemon's shutdown (the outputs duty making
+    the output service's container) would make its container after the last
+    clean-up, and leave it behind.
+    """
+    deadline = time.monotonic() + timeout
+    for thread in threading.enumerate():
+        if thread.name in ("gpuresa-outputs", "gpuresa-maintenance", "gpuresa-build"):
+            thread.join(max(deadline - time.monotonic(), 0))
+
+
 @pytest.fixture(scope="session")
 def docker_client() -> Iterator[Any]:
     """A client of the real Docker engine."""
     client = _engine_client("docker")
     yield client
+    _wait_for_daemon_jobs()
     DockerHarness(client).remove_all()
     client.close()
 
@@ -285,6 +326,7 @@ def podman_client() -> Iterator[Any]:
     """A client of the real Podman service, through its Docker-compatible API."""
     client = _engine_client("podman")
     yield client
+    _wait_for_daemon_jobs()
     DockerHarness(client, engine="podman").remove_all()
     client.close()
 

@@ -5,7 +5,6 @@ Shared by tests/test_daemon_hostile.py and benchmarks/bench_daemon.py.
 
 from __future__ import annotations
 
-import random
 import socket
 import subprocess
 import sys
@@ -16,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import paramiko
-from conftest import BASE_IMAGE, TEST_HOST
+from conftest import TEST_HOST
+from support.configs import write_daemon_config
 from test_daemon_cli import ics_event
 
-from gpuresa.commands.demo import free_port_block
 from gpuresa.config.sections import Config, load_config
 from gpuresa.runtime import Runtime
 
@@ -57,54 +56,16 @@ class HangingRelay:
 
 def write_config(directory: Path, sessions: int, relay_port: int, daemon_extra: str = "") -> Path:
     """A config for `sessions` sessions at once, mail through the relay at `relay_port`."""
-    calendar = directory / "calendar"
-    calendar.mkdir()
-    keys = directory / "keys"
-    keys.mkdir()
-    subprocess.run(
-        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(directory / "key")], check=True
-    )
-    for user in ("alice", "bob"):
-        (keys / f"{user}.pub").write_text((directory / "key.pub").read_text())
-    size = 4 * sessions
-    first = free_port_block(size + 2 * sessions, random.randint(40000, 60000))
-    config = directory / "config.toml"
-    config.write_text(
-        f"""
-[daemon]
-host = "{TEST_HOST}"
-state_dir = "{directory / "state"}"
-poll_interval = "1s"
-prepare_ahead = "20s"
-stop_grace = "2s"
-warnings = ["20s"]
-{daemon_extra}
-[[calendars]]
-name = "folder"
-kind = "ics"
-url = "{calendar}"
-host = "{TEST_HOST}"
-default_template = "pytorch"
-[[hosts]]
-name = "{TEST_HOST}"
-gpus = []
-gpu_mode = "none"
-bind_address = "127.0.0.1"
-ssh_ports = "{first}-{first + sessions - 1}"
-ftp_ports = "{first + sessions}-{first + 2 * sessions - 1}"
-ftp_passive_ports = "{first + 2 * sessions}-{first + 2 * sessions + size - 1}"
-ftp_passive_per_session = 4
-[templates]
-base_image = "{BASE_IMAGE}"
-[users]
-keys_dir = "{keys}"
-host_authorized_keys = false
-[storage]
-output_root = "{directory / "output"}"
-[limits]
-shm_size = "64m"
-pids = 256
-[notify]
+    config = write_daemon_config(
+        directory,
+        host=TEST_HOST,
+        sessions=sessions,
+        passive_per_session=4,
+        gpus=(),
+        users=("alice", "bob"),
+        daemon=f'prepare_ahead = "20s"\nstop_grace = "2s"\nwarnings = ["20s"]\n{daemon_extra}',
+        limits="pids = 256",
+        extra=f"""[notify]
 enabled = true
 smtp_host = "127.0.0.1"
 smtp_port = {relay_port}
@@ -112,7 +73,7 @@ timeout = "60s"
 [users.emails]
 alice = "alice@example.org"
 bob = "bob@example.org"
-"""
+""",
     )
     runtime = Runtime(load_config(config))
     runtime.ensure_image("pytorch", None)

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path, PurePosixPath
 
 import pytest
+from support.configs import config_of
 
 from gpuresa.bench.holders import gpu_holders
 from gpuresa.bench.report import CONTAINER, HOST, Comparison, Sample, compare, summary
@@ -31,7 +32,7 @@ from gpuresa.bench.workloads import (
 )
 from gpuresa.cli import build_parser
 from gpuresa.commands.bench_commands import choose_gpus, choose_workload
-from gpuresa.config.sections import Config, parse_config
+from gpuresa.config.sections import Config
 from gpuresa.errors import UserError
 from gpuresa.model import Reservation, Session
 from gpuresa.planning.planner import Inventory
@@ -48,7 +49,7 @@ def make_config(gpu_mode: str = "nvidia", gpus: Sequence[int] = (0, 1, 2, 3)) ->
         "hosts": [{"name": "gpu1", "gpus": list(gpus), "gpu_mode": gpu_mode}],
         "limits": {"shm_size": "1g", "pids": 1024, "cpus": 8, "memory": "64g"},
     }
-    return parse_config(data, "test.toml")
+    return config_of(data)
 
 
 # --- the measurement format ------------------------------------------------------------------

@@ -14,7 +14,8 @@ import time
 from datetime import UTC, datetime, timedelta
 
 from conftest import DockerHarness, RadicaleServer
-from test_daemon_e2e import Stack, next_second, stack, wait_for
+from support.waiting import wait_for
+from test_daemon_e2e import Stack, next_second, stack
 
 from gpuresa.journal.store import Journal
 
@@ -65,12 +66,18 @@ def test_a_moved_ended_booking_and_a_copied_uid_take_nothing(
     stack.start_daemon()
 
     session = wait_for(
-        "alice's session to run",
-        lambda: next((item for item in stack.sessions() if item.key == "victim-1"
-                      and item.state == "running"), None),
+        lambda: next(
+            (
+                item
+                for item in stack.sessions()
+                if item.key == "victim-1" and item.state == "running"
+            ),
+            None,
+        ),
         60,
-    )  # fmt: skip
-    wait_for("the short booking to end", lambda: state(stack, "ended-1") == "ended", 60)
+        "alice's session to run",
+    )
+    wait_for(lambda: state(stack, "ended-1") == "ended", 60, "the short booking to end")
     ids = {docker_harness.client.containers.get(name).id for name in session.containers}
 
     # the ended booking moved over the present, and the running booking's UID copied
@@ -82,15 +89,16 @@ def test_a_moved_ended_booking_and_a_copied_uid_take_nothing(
         description="gpus: 1", uid="victim-1",
     )  # fmt: skip
     refused = wait_for(
-        "the copy's rejection in gpuresa status",
-        lambda: next((item for item in rejected(stack) if item["key"].startswith("victim-1/")),
-                     None),
+        lambda: next(
+            (item for item in rejected(stack) if item["key"].startswith("victim-1/")), None
+        ),
         30,
-    )  # fmt: skip
+        "the copy's rejection in gpuresa status",
+    )
     assert refused["key"] == "victim-1/copy/copies/victim-1"
     assert refused["user"] == "mallory"
     assert "already a booking in calendar gpu" in refused["reason"]
-    wait_for("the moved booking under a key of its own", lambda: moved_keys(stack), 30)
+    wait_for(lambda: moved_keys(stack), 30, "the moved booking under a key of its own")
     # several polls later: alice's session is the same one, the ended key never came back
     time.sleep(3 * stack.config.daemon.poll_interval.total_seconds())
     still = stack.session("victim-1")

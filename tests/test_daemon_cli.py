@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -19,9 +18,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from conftest import BASE_IMAGE, TEST_HOST, DockerHarness
+from conftest import TEST_HOST, DockerHarness
+from support.configs import write_daemon_config
 
-from gpuresa.commands.demo import free_port_block
 from gpuresa.config.sections import load_config
 from gpuresa.runtime import Runtime
 
@@ -50,53 +49,10 @@ def gpuresa(config: Path, *arguments: str, **options: object) -> subprocess.Comp
 def write_ics_config(directory: Path, daemon_extra: str = "") -> Path:
     """A config with an ICS folder calendar (directory/calendar) and a key for alice.
 
-    `daemon_extra` adds lines to the [daemon] table. Returns the config file.
+    `daemon_extra` adds lines to the [daemon] table. Returns the config file;
+    the images its sessions need are built.
     """
-    calendar = directory / "calendar"
-    calendar.mkdir()
-    keys = directory / "keys"
-    keys.mkdir()
-    subprocess.run(
-        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(directory / "key")], check=True
-    )
-    (keys / "alice.pub").write_text((directory / "key.pub").read_text())
-    first = free_port_block(14, random.randint(40000, 60000))
-    config = directory / "config.toml"
-    config.write_text(
-        f"""
-[daemon]
-host = "{TEST_HOST}"
-state_dir = "{directory / "state"}"
-poll_interval = "1s"
-prepare_ahead = "5s"
-stop_grace = "1s"
-{daemon_extra}
-[[calendars]]
-name = "folder"
-kind = "ics"
-url = "{calendar}"
-host = "{TEST_HOST}"
-default_template = "pytorch"
-[[hosts]]
-name = "{TEST_HOST}"
-gpus = [0]
-gpu_mode = "none"
-bind_address = "127.0.0.1"
-ssh_ports = "{first}-{first + 1}"
-ftp_ports = "{first + 2}-{first + 3}"
-ftp_passive_ports = "{first + 4}-{first + 13}"
-ftp_passive_per_session = 5
-[templates]
-base_image = "{BASE_IMAGE}"
-[users]
-keys_dir = "{keys}"
-host_authorized_keys = false
-[storage]
-output_root = "{directory / "output"}"
-[limits]
-shm_size = "64m"
-"""
-    )
+    config = write_daemon_config(directory, host=TEST_HOST, daemon=daemon_extra)
     Runtime(load_config(config)).ensure_image("pytorch", None)
     Runtime(load_config(config)).ensure_ftp_image()  # starts never build images
     return config

@@ -7,16 +7,15 @@ daemon is killed with SIGKILL mid-session, as an admin's worst day would go.
 from __future__ import annotations
 
 import contextlib
-import random
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import paramiko
 import pytest
@@ -28,31 +27,19 @@ from conftest import (
     RadicaleServer,
     SMTPServer,
 )
+from support.configs import free_ports
+from support.waiting import wait_for
 
-from gpuresa.commands.demo import free_port_block
 from gpuresa.config.sections import Config, load_config
 from gpuresa.journal.store import Journal
 from gpuresa.model import Session
 from gpuresa.outputs.service import OutputService
 from gpuresa.runtime import Runtime
 
-Value = TypeVar("Value")
-
-
-def wait_for(what: str, predicate: Callable[[], Value | None], timeout: float) -> Value:
-    """Poll until `predicate` returns something true; fail the test after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    pytest.fail(f"timed out after {timeout} s waiting for {what}")
-
 
 def port_block(size: int) -> int:
     """The first of `size` consecutive free ports on 127.0.0.1."""
-    return free_port_block(size, random.randint(40000, 60000))
+    return free_ports(size)
 
 
 @dataclass
@@ -270,12 +257,12 @@ def subjects(smtp: SMTPServer) -> list[str]:
 
 def mail_matching(smtp: SMTPServer, word: str, timeout: float = 20) -> Any:
     return wait_for(
-        f"an e-mail about {word!r} (got {subjects(smtp)})",
         lambda: next(
             (message for message in smtp.messages if word in str(message["Subject"]).lower()),
             None,
         ),
         timeout,
+        f"an e-mail about {word!r} (got {subjects(smtp)})",
     )
 
 
@@ -288,13 +275,13 @@ def test_booking_lifecycle_with_extension_kill_and_calendar_outage(
     stack.start_daemon()
 
     # prepared ahead: containers exist before the start, with their ports chosen
-    prepared = wait_for("the prepared session", lambda: stack.session("lifecycle-1"), 15)
+    prepared = wait_for(lambda: stack.session("lifecycle-1"), 15, "the prepared session")
     assert datetime.now(UTC) < start
     port = prepared.ssh_port
 
     # SSH-ready within 2 s of the start time
     client = wait_for(
-        "an SSH login", lambda: stack.login(port), (start - datetime.now(UTC)).total_seconds() + 10
+        lambda: stack.login(port), (start - datetime.now(UTC)).total_seconds() + 10, "an SSH login"
     )
     ready = datetime.now(UTC)
     assert ready - start <= timedelta(seconds=2), f"ready {ready - start} after the start"
@@ -326,7 +313,7 @@ def test_booking_lifecycle_with_extension_kill_and_calendar_outage(
 
     # the calendar server goes away: the session still runs to its (new) end
     stack.radicale.stop()
-    wait_for("the old end to pass", lambda: datetime.now(UTC) > end + timedelta(seconds=3), 60)
+    wait_for(lambda: datetime.now(UTC) > end + timedelta(seconds=3), 60, "the old end to pass")
     late_client = stack.login(port)
     assert late_client is not None, "the session stopped at the old end or because of the outage"
     late_client.close()
@@ -335,9 +322,9 @@ def test_booking_lifecycle_with_extension_kill_and_calendar_outage(
 
     grace = stack.config.daemon.stop_grace
     gone = wait_for(
-        "the session to be removed",
         lambda: None if stack.session("lifecycle-1") else datetime.now(UTC),
         (new_end - datetime.now(UTC) + grace).total_seconds() + 15,
+        "the session to be removed",
     )
     assert gone >= new_end
     assert gone - (new_end + grace) <= timedelta(seconds=2), f"gone {gone - new_end} after end"
@@ -369,8 +356,8 @@ def test_cancelled_and_rejected_bookings(stack: Stack) -> None:
 
     rejection = mail_matching(stack.smtp, "rejected")
     assert "no-such-template" in rejection.get_content()
-    session = wait_for("the session to run", lambda: stack.session("cancel-1"), 20)
-    client = wait_for("an SSH login", lambda: stack.login(session.ssh_port), 20)
+    session = wait_for(lambda: stack.session("cancel-1"), 20, "the session to run")
+    client = wait_for(lambda: stack.login(session.ssh_port), 20, "an SSH login")
     client.close()
 
     event.delete()
@@ -379,9 +366,9 @@ def test_cancelled_and_rejected_bookings(stack: Stack) -> None:
     grace = stack.config.daemon.cancel_grace
     poll = stack.config.daemon.poll_interval
     gone = wait_for(
-        "the cancelled session to stop",
         lambda: None if stack.session("cancel-1") else datetime.now(UTC),
         (grace + poll).total_seconds() + 20,
+        "the cancelled session to stop",
     )
     assert gone - deleted >= grace
     assert gone - deleted <= grace + poll + timedelta(seconds=4)
@@ -403,10 +390,10 @@ def test_a_booking_on_podman_runs_in_its_own_user_namespace_and_survives_a_kill(
     end = start + timedelta(seconds=14)
     stack.book("podman-1", start, end, "alice", "template: pytorch")
     stack.start_daemon()
-    prepared = wait_for("the prepared session", lambda: stack.session("podman-1"), 15)
+    prepared = wait_for(lambda: stack.session("podman-1"), 15, "the prepared session")
     port = prepared.ssh_port
     client = wait_for(
-        "an SSH login", lambda: stack.login(port), (start - datetime.now(UTC)).total_seconds() + 10
+        lambda: stack.login(port), (start - datetime.now(UTC)).total_seconds() + 10, "an SSH login"
     )
     # the 2 s promise is held on Docker above; here, a margin for a loaded machine
     assert datetime.now(UTC) - start <= timedelta(seconds=4)
@@ -433,9 +420,9 @@ def test_a_booking_on_podman_runs_in_its_own_user_namespace_and_survives_a_kill(
 
     grace = stack.config.daemon.stop_grace
     wait_for(
-        "the session to be removed",
         lambda: None if stack.session("podman-1") else datetime.now(UTC),
         (end - datetime.now(UTC) + grace).total_seconds() + 15,
+        "the session to be removed",
     )
     assert podman_harness.sessions() == []
     (result,) = stack.output_root.rglob("result.txt")

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from conftest import TEST_HOST, DockerHarness, RadicaleServer, SMTPServer
 from grr_database import SOCKET, GRRDatabase
-from test_daemon_e2e import Stack, mail_matching, make_stack, next_second, wait_for
+from support.waiting import wait_for
+from test_daemon_e2e import Stack, mail_matching, make_stack, next_second
 
 from gpuresa.config.sections import load_config
 from gpuresa.journal.store import Journal
@@ -65,10 +66,10 @@ def test_a_grr_row_becomes_a_session_and_its_deletion_ends_it(
     key = f"grr:grr_:{entry}"
     stack.start_daemon()
 
-    session = wait_for("the session to run", lambda: stack.session(key), 30)
+    session = wait_for(lambda: stack.session(key), 30, "the session to run")
     assert (session.user, session.start) == ("alice", start)
     assert datetime.now(UTC) >= start - stack.config.daemon.prepare_ahead
-    client = wait_for("an SSH login", lambda: stack.login(session.ssh_port), 20)
+    client = wait_for(lambda: stack.login(session.ssh_port), 20, "an SSH login")
     client.close()
 
     database.delete(entry)  # GRR deletes softly
@@ -77,9 +78,9 @@ def test_a_grr_row_becomes_a_session_and_its_deletion_ends_it(
     grace = stack.config.daemon.cancel_grace
     poll = stack.config.daemon.poll_interval
     gone = wait_for(
-        "the cancelled session to stop",
         lambda: None if stack.session(key) else datetime.now(UTC),
         (grace + poll).total_seconds() + 20,
+        "the cancelled session to stop",
     )
     assert gone - deleted >= grace
     assert gone - deleted <= grace + poll + timedelta(seconds=4)

@@ -8,14 +8,15 @@ and the outbox are the real ones.
 from __future__ import annotations
 
 import dataclasses
-import queue
 import threading
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from test_plan import CONFIG, T0, booking, running
 
+from gpuresa.daemon.clock import ManualClock
 from gpuresa.daemon.loop import Loop
 from gpuresa.daemon.state import Context
 from gpuresa.daemon.work import Done, Started
@@ -42,13 +43,16 @@ class RecordingWork:
         return Done()
 
 
-def drain(loop: Loop) -> None:
-    while True:
-        try:
-            job = loop._queue.get(timeout=0.5)
-        except queue.Empty:
-            return
+def drain(loop: Loop, quiet: float = 0.5) -> None:
+    """Run the jobs posted to the loop until none comes for `quiet` seconds."""
+    deadline = time.monotonic() + quiet
+    while time.monotonic() < deadline:
+        job = loop.next_job()
+        if job is None:
+            time.sleep(0.01)
+            continue
         job()
+        deadline = time.monotonic() + quiet
 
 
 def test_a_look_at_docker_from_before_a_start_ended_is_not_planned_with(tmp_path: Path) -> None:
@@ -56,31 +60,31 @@ def test_a_look_at_docker_from_before_a_start_ended_is_not_planned_with(tmp_path
         CONFIG, daemon=dataclasses.replace(CONFIG.daemon, state_dir=tmp_path)
     )
     journal, _ = open_journal(tmp_path / "journal.sqlite")
-    now = [T0 + timedelta(seconds=1)]
+    clock = ManualClock(T0 + timedelta(seconds=1))
     context = Context(
         config,
         journal,
         Outbox(journal, Notifier(config.notify, config.users)),
         runtime=object(),  # type: ignore[arg-type]
-        clock=lambda: now[0],
+        clock=clock.now,
     )
     work = RecordingWork()
     context.work = work  # type: ignore[assignment]
-    loop = Loop(context)
+    loop = Loop(context, clock=clock)
     first, second = booking("k"), booking("a")  # the same slot; "a" sorts first
-    loop.reservations = [first, second]
+    loop.polling.reservations = [first, second]
     loop.remembered.retry_after["a"] = T0 + timedelta(seconds=10)  # a's last try failed
     gpus = (0, 1, 2, 3)
-    # a look at Docker begins, then k's start is dispatched and ends before the look returns
-    stale_look = loop._generation
-    loop._observed(([], gpus), loop._generation)
+    # a survey begins, then k's start is dispatched and ends before the survey returns
+    stale_survey = loop.survey.generation
+    loop.survey.surveyed(([], gpus), loop.survey.generation)
     assert [item[0] for item in work.starts] == ["k"]
     work.release.set()
     drain(loop)
-    now[0] = T0 + timedelta(seconds=11)  # a may be tried again
-    loop._observed(([], gpus), stale_look)
+    clock.advance(10)  # a may be tried again
+    loop.survey.surveyed(([], gpus), stale_survey)
     drain(loop)
-    # neither k again nor a on k's GPU and port: the old look was not planned with
+    # neither k again nor a on k's GPU and port: the old survey was not planned with
     assert [item[0] for item in work.starts] == ["k"]
-    assert loop._dirty
+    assert loop.survey.wanted
     journal.close()

@@ -23,6 +23,7 @@ import pytest
 from conftest import DockerHarness, SMTPServer, free_port
 from nvml_replay import RecordedNvml
 from prometheus_client.parser import text_string_to_metric_families
+from support.waiting import wait_for
 from test_daemon_cli import ics_event, write_ics_config
 from test_daemon_outages import wait_until_running
 
@@ -104,15 +105,6 @@ def gpu_config(directory: Path, smtp_port: int, listen: str, telemetry: str = ""
 def get(url: str) -> str:
     with urllib.request.urlopen(url, timeout=10) as answer:
         return str(answer.read().decode("utf-8"))
-
-
-def wait_for(condition: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def samples(text: str) -> dict[str, list[Any]]:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import shutil
+import os
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pynvml
 import pytest
@@ -71,14 +72,30 @@ def test_nothing_answers_gives_an_error_snapshot_not_an_exception() -> None:
     assert "NVML" in snapshot.error and "nvidia-smi is not installed" in snapshot.error
 
 
-def test_the_real_nvidia_smi_answers_or_is_an_error_snapshot() -> None:
-    # without an NVIDIA driver the real gateway must say so, not raise
+def test_the_real_gateway_runs_nvidia_smi_from_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a stand-in nvidia-smi on PATH prints the XML recorded on the H100
+    stand_in = tmp_path / "nvidia-smi"
+    stand_in.write_text(
+        f"#!/bin/sh\n[ \"$*\" = '-q -x' ] || exit 2\ncat '{CORPUS}/nvidia-smi-busy.xml'\n"
+    )
+    stand_in.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     snapshot = Telemetry("nvidia-smi").sample(NOW)
-    if shutil.which("nvidia-smi"):
-        assert snapshot.ok and snapshot.source == "nvidia-smi"
-    else:
-        assert not snapshot.ok and snapshot.source == "none"
-        assert snapshot.error == "nvidia-smi is not installed"
+    assert snapshot.ok and snapshot.source == "nvidia-smi"
+    assert snapshot.driver_version == "580.159.04"
+    assert snapshot.gpus[0].processes == (GpuProcess(447, 1642 * MIB),)
+
+
+def test_without_nvidia_smi_the_real_gateway_gives_an_error_snapshot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # without an NVIDIA driver the real gateway must say so, not raise
+    monkeypatch.setenv("PATH", str(tmp_path))
+    snapshot = Telemetry("nvidia-smi").sample(NOW)
+    assert not snapshot.ok and snapshot.source == "none"
+    assert snapshot.error == "nvidia-smi is not installed"
 
 
 @pytest.mark.parametrize(

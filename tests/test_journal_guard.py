@@ -3,6 +3,7 @@ retention, and the first sight that decides over-booking."""
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import stat
 import subprocess
@@ -77,7 +78,9 @@ def tiny_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount_point)], check=True)
 
 
-def test_a_full_disk_then_a_broken_file_make_every_call_fall_back(tiny_disk: Path) -> None:
+def test_a_full_disk_then_a_broken_file_make_every_call_fall_back(
+    tiny_disk: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     journal, problem = open_journal(tiny_disk / "state" / "journal.sqlite")
     assert problem is None
     journal.set_state("r1", "running", NOW)
@@ -95,11 +98,17 @@ def test_a_full_disk_then_a_broken_file_make_every_call_fall_back(tiny_disk: Pat
     assert journal.set_state("r1", "stopping", NOW, history) is False
     journal.record_action("r1", "stop", NOW, "ok", history)
     assert journal.mark_notified("r1", "end" + history, NOW) is True
-    assert journal.trim(NOW, timedelta(days=1)) >= 0
+    # r1's rows are old enough to go, but the deletion needs room too: none deleted
+    later = NOW + timedelta(days=3)
+    with caplog.at_level(logging.ERROR, logger="gpuresa.journal.guard"):
+        assert journal.trim(later, timedelta(days=1)) == 0
+    assert "journal trim failed (database or disk is full)" in caplog.text
     # reads still work
     assert journal.state("r1") == "running"
     # now the file itself breaks: reads fail too and fall back
     (tiny_disk / "filler").unlink()
+    # with room again, the same trim deletes them: r1's reservation, state and event
+    assert journal.trim(later, timedelta(days=1)) == 3
     journal.path.write_bytes(b"garbage " * 4096)
     Path(f"{journal.path}-wal").write_bytes(b"")
     shm = Path(f"{journal.path}-shm")

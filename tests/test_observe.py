@@ -184,6 +184,7 @@ def bands(image: Image.Image, colour: str) -> list[tuple[int, int, int, int]]:
     return found
 
 
+@pytest.mark.services  # a real browser, not a pure test
 def test_the_page_renders_a_row_per_gpu_in_chromium(
     server: ObservationServer, tmp_path: Path
 ) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.configs import config_of
 
 from gpuresa.cli import main
 from gpuresa.config.sections import Config, parse_config
@@ -32,7 +33,7 @@ def make_config(
     hosts: list[dict[str, Any]] | None = None,
     **reservations: Any,
 ) -> Config:
-    return parse_config(
+    return config_of(
         {
             "daemon": {"host": "gpu1"},
             "reservations": {"timezone": "UTC", **reservations},

@@ -42,7 +42,7 @@ from gpuresa.cli import main
 from gpuresa.config.sections import Config, parse_config
 from gpuresa.model import Session, SessionSpec
 from gpuresa.planning.allocation import AllocationError
-from gpuresa.runtime import Runtime, RuntimeUnavailable, SessionError
+from gpuresa.runtime import Runtime, RuntimeUnavailable, SessionError, processes
 from gpuresa.runtime.engine import Engine, EngineRefused
 from gpuresa.runtime.namespaces import require_user_namespaces
 from gpuresa.runtime.output import remap_base
@@ -631,14 +631,29 @@ def test_a_sidecar_that_cannot_start_rolls_the_session_back(site: Site) -> None:
             runtime.start(spec)
     assert str(spec.ftp_passive_last) in str(caught.value)
     assert leftovers(site, spec.key) == []
+    # free once the rollback returns: on Podman the containers' conmon holds their host
+    # ports until it exits, after the removal; the runtime waits for it
     for port in (spec.ssh_port, spec.ftp_port):
-        # Podman's network teardown ends a moment after the removal has returned
-        deadline = time.monotonic() + 5
-        while not port_free(port) and time.monotonic() < deadline:
-            time.sleep(0.1)
         assert port_free(port)
     # the output folder is kept for a later try
     assert list((site.root / "output" / "alice").iterdir())
+
+
+def test_a_stop_returns_once_the_engine_has_let_go_of_the_ports(
+    tmp_path: Path, podman_harness: DockerHarness, built: Callable[[DockerHarness], None]
+) -> None:
+    built(podman_harness)
+    site = make_site(tmp_path, podman_harness.client, engine="podman")
+    runtime = site.runtime()
+    session = runtime.start(site.spec(runtime))
+    ids = {str(container.id) for container in podman_harness.ours()}
+    # Podman's conmon holds the session's host ports (its port reservation)
+    keepers = processes.port_keepers(ids)
+    assert len(keepers) == 2
+    assert not port_free(session.ssh_port)
+    runtime.stop(session.key, timedelta(0))
+    assert processes.wait_exited(keepers, 0) == set()
+    assert port_free(session.ssh_port) and port_free(session.ftp_port)
 
 
 # --- moving the end, messages -----------------------------------------------------------------

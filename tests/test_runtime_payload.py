@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from support.configs import config_of
 
-from gpuresa.config.sections import Config, HostConfig, parse_config
+from gpuresa.config.sections import Config, HostConfig
 from gpuresa.model import IdRange, SessionSpec
 from gpuresa.runtime import SessionError
 from gpuresa.runtime.engines import Docker, Podman
@@ -41,7 +42,7 @@ END = datetime(2026, 3, 2, 17, 30, tzinfo=UTC)
 
 
 def make_config(**host: Any) -> Config:
-    return parse_config(
+    return config_of(
         {
             "daemon": {"host": "gpu1"},
             "hosts": [
@@ -64,8 +65,7 @@ def make_config(**host: Any) -> Config:
                 ],
             },
             "limits": {"cpus": 8.0, "memory": "64g", "shm_size": "16g", "pids": 2048},
-        },
-        "test.toml",
+        }
     )
 
 

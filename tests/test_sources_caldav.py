@@ -22,8 +22,9 @@ from urllib.parse import urlsplit
 
 import pytest
 from conftest import RadicaleServer
+from support.configs import config_of
 
-from gpuresa.config.sections import Config, parse_config
+from gpuresa.config.sections import Config
 from gpuresa.reservations.calendars import Calendars
 from gpuresa.reservations.sources import SourceError, open_source
 from gpuresa.reservations.sources.caldav import CalDAVSource, Changes
@@ -43,7 +44,7 @@ def add_event(calendar: Any, uid: str, summary: str = "alice", day: int = 0) -> 
 
 
 def make_config(url: str, server: RadicaleServer, state: Path, **calendar: Any) -> Config:
-    return parse_config(
+    return config_of(
         {
             "daemon": {"host": "gpu1", "state_dir": str(state)},
             "hosts": [{"name": "gpu1", "gpus": [0, 1, 2, 3]}],

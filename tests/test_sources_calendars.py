@@ -7,7 +7,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from gpuresa.config.sections import Config, parse_config
+from support.configs import config_of
+
+from gpuresa.config.sections import Config
 from gpuresa.reservations.calendars import CalendarFreshness, Calendars
 
 NOW = datetime(2026, 3, 10, 12, tzinfo=UTC)
@@ -30,7 +32,7 @@ def unused_port() -> int:
 
 
 def make_config(tmp_path: Path, *calendars: dict[str, Any]) -> Config:
-    return parse_config(
+    return config_of(
         {
             "daemon": {"host": "gpu1", "state_dir": str(tmp_path / "state")},
             "reservations": {"window_past": "1d", "window_ahead": "14d"},

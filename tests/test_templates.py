@@ -16,6 +16,7 @@ from typing import Any
 import docker.errors
 import pytest
 from conftest import BASE_IMAGE
+from support.configs import config_of
 
 from gpuresa.cli import main
 from gpuresa.config.sections import Config, parse_config
@@ -41,8 +42,10 @@ UPSTREAM = {
 
 
 def make_config(tmp_path: Path, **templates: Any) -> Config:
-    return parse_config(
-        {"templates": {"base_image": BASE_IMAGE, **templates}}, str(tmp_path / "test.toml")
+    return config_of(
+        {"templates": {"base_image": BASE_IMAGE, **templates}},
+        base=False,
+        source=str(tmp_path / "test.toml"),
     )
 
 

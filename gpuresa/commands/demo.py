@@ -28,6 +28,8 @@ DEMO_USER = "demo"
 DEMO_HOST = "demo"
 DEMO_TEMPLATE = "pytorch"
 BASE_IMAGE = "gpuresa/base:bookworm"
+# The status page's port when free (the one config.example.toml suggests), else the next.
+STATUS_PORT = 9464
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,8 @@ def write_demo(root: Path, now: datetime, start_in: timedelta, length: timedelta
     passive_first = free_port_block(40, ftp_first + 10)
     # the output service's own port, next to the sessions' (2222 may be taken)
     sftp_port = free_port_block(1, passive_first + 40)
+    # the status page and /metrics: Prometheus's usual gpuresa port, or the next free one
+    status_port = free_port_block(1, STATUS_PORT)
     files.config.write_text(
         f"""# Written by `gpuresa demo`; every key is explained in config.example.toml.
 [daemon]
@@ -167,6 +171,10 @@ shm_size = "256m"
 
 [notify]
 enabled = false
+
+[telemetry]
+backend = "none"
+listen = "127.0.0.1:{status_port}"
 """
     )
     start = (now + start_in).replace(microsecond=0)
@@ -184,6 +192,11 @@ enabled = false
         "END:VEVENT\r\nEND:VCALENDAR\r\n"
     )
     return files
+
+
+def status_page(config: Config) -> str:
+    """The address of the status page the demo's config serves."""
+    return f"http://{config.telemetry.listen}/"
 
 
 def run_demo(root: Path, start_in: timedelta, length: timedelta) -> None:
@@ -205,6 +218,7 @@ def run_demo(root: Path, start_in: timedelta, length: timedelta) -> None:
         f"gpuresa demo: {DEMO_USER!r} booked {DEMO_HOST!r} from {start:%H:%M:%S} "
         f"to {start + length:%H:%M:%S} UTC (calendar: {files.calendar})"
     )
+    print(f"gpuresa demo: status page at {status_page(config)} (metrics at /metrics)")
     print("gpuresa demo: the daemon runs in the foreground; Ctrl-C stops it (sessions go on).")
 
     def show_access(session: Session, public_host: str) -> None:

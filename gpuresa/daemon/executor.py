@@ -56,11 +56,16 @@ class Executor:
 
     `post` hands a callable to the loop thread; the executor calls it with the
     action's completion (`on_done(outcome)` or `on_done(exception)`), never
-    touching the loop's state itself.
+    touching the loop's state itself. `monotonic`: the loop's clock, for deadlines.
     """
 
-    def __init__(self, post: Callable[[Callable[[], None]], None]) -> None:
+    def __init__(
+        self,
+        post: Callable[[Callable[[], None]], None],
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._post = post
+        self._monotonic = monotonic
         self._lock = threading.Lock()
         self._in_flight: dict[tuple[str, str], InFlight] = {}
 
@@ -94,7 +99,7 @@ class Executor:
         exception it raised.
         """
         slots = self._in_flight
-        now = time.monotonic()
+        now = self._monotonic()
         entry = InFlight(key, lane, what, now, now + timeout, payload=payload)
         with self._lock:
             if (key, lane) in slots:
@@ -121,7 +126,7 @@ class Executor:
 
     def overdue(self) -> list[InFlight]:
         """Actions past their deadline not reported yet; each is returned once."""
-        now = time.monotonic()
+        now = self._monotonic()
         late = []
         with self._lock:
             for entry in self._in_flight.values():

@@ -97,7 +97,7 @@ class Daemon:
 
     @property
     def docker_backoff(self) -> timedelta:
-        return self.loop.docker_backoff if self.loop is not None else timedelta(seconds=1)
+        return self.loop.survey.backoff if self.loop is not None else timedelta(seconds=1)
 
     # --- life cycle ----------------------------------------------------------------
 
@@ -202,10 +202,16 @@ class Daemon:
         if self.outbox is not None:
             self.outbox.stop(timeout=max(deadline - time.monotonic(), 0.1))
         if self.loop is not None:
-            # a stop whose containers are gone has only its journal lines left to write
-            while self.loop.executor.running() and time.monotonic() < deadline:
+            # a stop whose containers are gone has only its journal lines left to write; a
+            # background job (the outputs duty) may be making a container: let it finish
+            # rather than leave it half made
+            loop = self.loop
+            while (
+                loop.executor.running() or loop.tools.background_running()
+            ) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            busy = sorted(f"{entry.what} {entry.key}" for entry in self.loop.executor.running())
+            busy = sorted(f"{entry.what} {entry.key}" for entry in loop.executor.running())
+            busy += loop.tools.background_running()
             if busy:
                 log.warning("left under way, to be finished after the next start: %s", busy)
         self._release()
@@ -286,7 +292,7 @@ class Daemon:
         """Tell systemd we are alive, unless the loop has not turned for too long."""
         if self.loop is None:
             return
-        silent = time.monotonic() - self.loop.heartbeat
+        silent = self.loop.clock.monotonic() - self.loop.heartbeat
         if silent < STUCK_AFTER.total_seconds():
             systemd.watchdog()
         else:

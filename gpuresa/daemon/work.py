@@ -34,6 +34,9 @@ from gpuresa.runtime.errors import ImageMissing
 
 log = logging.getLogger(__name__)
 
+# The journal meta of a stop under way, with its reason (see `Work.finish_unwinding`).
+UNWINDING = "unwinding:"
+
 # What a stop turns the journal state into, by the stop's reason.
 FINAL_STATE = {
     "ended": "ended",
@@ -110,6 +113,9 @@ class Work:
     ) -> Done:
         key = action.key
         self.journal.set_state(key, "stopping", now, action.reason)
+        # should this stop be cut short once the containers are gone, the next round
+        # removes what is left (the network, the session's files): see `finish_unwinding`
+        self.journal.set_meta(f"{UNWINDING}{key}", action.reason)
         told = session is not None and session.state != "created"
         if told and session is not None and action.reason in ("ended", "cancelled", "reassigned"):
             # what the end notice needs, should a restart interrupt this stop
@@ -123,6 +129,21 @@ class Work:
             elif action.reason != "replan":
                 self.notices.end(session)
         self.journal.delete_meta(f"stopping:{key}")
+        self.journal.delete_meta(f"{UNWINDING}{key}")
+        return Done()
+
+    def finish_unwinding(self, key: str, reason: str, now: datetime) -> Done:
+        """A stop cut short (a crash, a kill) after its containers went: the rest goes now.
+
+        Removes the session's network and files, which the engine's removal of
+        the containers leaves, and sets the journal state the stop would have
+        (`reason`: the stop's). Idempotent. Raises what the engine raises.
+        """
+        self.runtime.kill(key)
+        if self.journal.state(key) == "stopping":
+            final = FINAL_STATE.get(reason, "ended")
+            self.journal.set_state(key, final, now, f"{reason} (finished after an interruption)")
+        self.journal.delete_meta(f"{UNWINDING}{key}")
         return Done()
 
     def kill(self, key: str) -> Done:
@@ -144,12 +165,14 @@ class Work:
             self.journal.delete_meta(f"stopping:{key}")
             return Done()
         log.info("%s: finishing a stop that a restart interrupted", key)
+        self.runtime.kill(key)  # the network and files a stop cut short leaves
         self.runtime.finish_stop(session)
         final = "cancelled" if reason == "cancelled" else "ended"
         self.journal.set_state(key, final, now, f"{reason} (finished after a restart)")
         if reason != "reassigned":
             self.notices.end(session)
         self.journal.delete_meta(f"stopping:{key}")
+        self.journal.delete_meta(f"{UNWINDING}{key}")
         return Done()
 
     # --- during a session ---------------------------------------------------------------
@@ -193,16 +216,3 @@ class Work:
         else:
             self.runtime.ensure_image(template, cuda)
         return Done()
-
-
-def deadline_of(action: object) -> float:
-    """Seconds an action may take before the loop reports it and escalates.
-
-    A start waits up to 30 s for sshd and FTP after creating what is missing; a
-    stop waits the grace period for the user's processes, then kills.
-    """
-    if isinstance(action, Stop):
-        return action.grace.total_seconds() + 60
-    if isinstance(action, (Start, Recreate, Prepare)):
-        return 120
-    return 60

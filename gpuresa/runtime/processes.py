@@ -17,9 +17,11 @@ grace was over. They go with the SIGKILL that ends the stop.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import signal
+import time
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -140,3 +142,54 @@ def remaining(init_pid: int, folder: Path) -> set[int]:
         if text[text.rindex(")") + 2 :].split()[0] != "Z":
             running.add(pid)
     return running
+
+
+# --- the engine's keepers of a container's ports ------------------------------------------
+
+
+def port_keepers(container_ids: set[str]) -> dict[int, int]:
+    """Podman's conmon processes of `container_ids`: pid to start time.
+
+    Rootful Podman reserves a container's host ports by binding them itself
+    and handing the sockets to the container's conmon, which keeps them until
+    it exits, a moment after the container is removed (after its exit
+    command, a `podman container cleanup`, has run: seconds on a loaded
+    host). Docker's containers have none (its docker-proxy goes with the
+    removal). Read from /proc: a conmon's `-c` argument is its container's id.
+    """
+    keepers: dict[int, int] = {}
+    for entry in PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "comm").read_text().strip() != "conmon":
+                continue
+            arguments = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for flag, value in itertools.pairwise(arguments):
+            if flag == b"-c" and value.decode(errors="replace") in container_ids:
+                stat = _stat(int(entry.name))
+                if stat is not None:
+                    keepers[int(entry.name)] = stat[1]
+    return keepers
+
+
+def _running(pid: int, started: int) -> bool:
+    """Whether process `pid` (started at `started`) is still there and not a zombie."""
+    try:
+        text = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return False
+    fields = text[text.rindex(")") + 2 :].split()
+    return fields[0] != "Z" and int(fields[19]) == started
+
+
+def wait_exited(processes: dict[int, int], timeout: float) -> set[int]:
+    """Wait up to `timeout` s for `processes` (pid to start time) to exit; the pids left."""
+    deadline = time.monotonic() + timeout
+    left = {pid for pid, started in processes.items() if _running(pid, started)}
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = {pid for pid in left if _running(pid, processes[pid])}
+    return left

@@ -27,6 +27,9 @@ from gpuresa.runtime.lookup import Found, container_name, init_pid, status
 
 log = logging.getLogger(__name__)
 
+# How long a removal waits for the engine to let go of the session's host ports.
+PORTS_FREED_WITHIN = 15.0
+
 # How often the grace period checks whether the session's processes are gone.
 POLL_INTERVAL = 0.1
 # How long a SIGKILLed container may take to be empty before Docker removes it anyway.
@@ -97,13 +100,23 @@ def kill_from_host(key: str, found: Found) -> None:
 
 
 def remove_containers(engine: Engine, key: str, found: Found) -> None:
-    """Remove a session's containers (forced: Docker kills what still runs); gone is done."""
+    """Remove a session's containers (forced: Docker kills what still runs); gone is done.
+
+    Returns once their host ports are free: on Podman, once the containers'
+    conmon processes, which hold them, have exited (at most `PORTS_FREED_WITHIN`),
+    so a session started next on those ports does not find them taken.
+    """
+    keepers = processes.port_keepers({str(container["Id"]) for container in found.all})
     in_parallel(
         [
             functools.partial(engine.remove_container, container["Id"], key)
             for container in found.all
         ]
     )
+    left = processes.wait_exited(keepers, PORTS_FREED_WITHIN)
+    if left:
+        log.warning("%s: the engine still holds the session's ports (conmon %s)", key,
+                    sorted(left))  # fmt: skip
 
 
 def in_parallel(calls: Sequence[Callable[[], object]]) -> None:

@@ -1,0 +1,63 @@
+"""The picture of the daemon that `/metrics` and the status page read, swapped in whole.
+
+After each round and each GPU sample the loop builds an `ObservedState` from
+what its parts hold and publishes it; the HTTP server reads the current one
+and never touches the loop's state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gpuresa.daemon.observing import GpuWatch, relevant_rejections
+from gpuresa.daemon.polling import Polling
+from gpuresa.daemon.survey import Survey
+from gpuresa.daemon.tools import Tools
+from gpuresa.gpus.readings import GpuSnapshot
+from gpuresa.observe.state import CalendarView, Published, build_state
+
+
+class Publisher:
+    """Builds and swaps in the published state; `gpu_watch()` gives the GPU part."""
+
+    def __init__(
+        self, tools: Tools, survey: Survey, polling: Polling, gpu_watch: Callable[[], GpuWatch]
+    ) -> None:
+        self.tools = tools
+        self.survey = survey
+        self.polling = polling
+        self.gpu_watch = gpu_watch
+        self.published = Published(
+            build_state(host=tools.context.config.daemon.host, now=tools.clock.now(), sessions=())
+        )
+
+    def publish(self) -> None:
+        """Swap in a new picture (only what the loop holds)."""
+        context = self.tools.context
+        config = context.config
+        now = self.tools.clock.now()
+        watch = self.gpu_watch()
+        sample = watch.sample
+        report = self.polling.report
+        snapshot = sample.snapshot if sample else None
+        if config.telemetry.backend == "none":
+            snapshot = GpuSnapshot(now, "none")
+        freshness = report.freshness if report else {}
+        state = build_state(
+            host=config.daemon.host,
+            now=now,
+            sessions=self.survey.sessions,
+            reservations=self.polling.reservations,
+            rejections=relevant_rejections(config, report.reservations.rejected if report else ()),
+            calendars=[
+                CalendarView(name, item.last_success, item.last_error)
+                for name, item in freshness.items()
+            ],
+            snapshot=snapshot,
+            uses=sample.uses if sample else None,
+            view=sample.view if sample else None,
+            host_gpus=tuple(watch.inventory(self.survey.gpus).gpus),
+            counters=self.tools.counters,
+            outbox_backlog=context.outbox.backlog(),
+        )
+        self.published.publish(state)

@@ -1,0 +1,157 @@
+"""Configs for tests and benchmarks: one in-memory builder, one TOML file writer.
+
+`config_of` parses tables layered onto a small base (host gpu1 with four
+GPUs), the way the pure tests build theirs. `write_daemon_config` writes the
+TOML file a daemon under test reads: a calendar (an ICS folder, or a CalDAV
+URL with its credentials), one host with free ports on 127.0.0.1 for
+`sessions` sessions, keys for the users, and any extra tables.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuresa.commands.demo import free_port_block
+from gpuresa.config.sections import Config, parse_config
+
+BASE_IMAGE = "gpuresa/base:bookworm"
+
+# The base `config_of` layers onto.
+BASE: Mapping[str, Any] = {
+    "daemon": {"host": "gpu1"},
+    "hosts": [{"name": "gpu1", "gpus": [0, 1, 2, 3]}],
+}
+
+
+def free_ports(size: int) -> int:
+    """The first of `size` consecutive free ports on 127.0.0.1, below the ephemeral range.
+
+    A port in the kernel's ephemeral range (`ip_local_port_range`, 32768-60999
+    by default) may be the local end of any outgoing connection meanwhile (to
+    the engine, a relay, a calendar), and the engine then cannot bind it: the
+    test would see "taken by another program". Random, so that tests running
+    at once rarely pick the same block.
+    """
+    low = 32768
+    with contextlib.suppress(OSError, ValueError):
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    return free_port_block(size, random.randint(min(10000, low // 2), low - 1000))
+
+
+def config_of(*layers: Mapping[str, Any], base: bool = True, source: str = "test.toml") -> Config:
+    """The config of `layers` merged in order (tables merged, other values replaced).
+
+    `base`: start from `BASE` (else from nothing: every default).
+    """
+    merged: dict[str, Any] = _merge({}, BASE) if base else {}
+    for layer in layers:
+        merged = _merge(merged, layer)
+    return parse_config(merged, source)
+
+
+def _merge(into: Mapping[str, Any], layer: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(into)
+    for key, value in layer.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+@dataclass(frozen=True)
+class CalDav:
+    """A CalDAV calendar and its credentials (a Radicale server's)."""
+
+    url: str
+    username: str
+    password_file: Path
+
+
+def write_daemon_config(
+    directory: Path,
+    *,
+    host: str,
+    calendar: CalDav | None = None,
+    sessions: int = 2,
+    passive_per_session: int = 5,
+    gpus: Sequence[int] = (0,),
+    users: Sequence[str] = ("alice",),
+    daemon: str = "",
+    limits: str = "",
+    extra: str = "",
+) -> Path:
+    """Write `directory/config.toml` for a daemon under test; returns its path.
+
+    `calendar`: None for an ICS folder (`directory/calendar`, made here).
+    `sessions`: how many sessions the host's SSH and FTP ports allow at
+    once. `users`: each gets the key `directory/key` (made once). `daemon`:
+    lines for the [daemon] table (its defaults here: a 1 s poll, 5 s prepared
+    ahead, 1 s stop grace). `limits`: lines for [limits]. `extra`: tables
+    appended to the file.
+    """
+    keys = directory / "keys"
+    keys.mkdir(exist_ok=True)
+    key_file = directory / "key"
+    if not key_file.exists():
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key_file)], check=True
+        )
+    for user in users:
+        (keys / f"{user}.pub").write_text(key_file.with_suffix(".pub").read_text())
+    passive = passive_per_session * sessions
+    first = free_ports(2 * sessions + passive)
+    if calendar is None:
+        folder = directory / "calendar"
+        folder.mkdir(exist_ok=True)
+        calendar_lines = f'kind = "ics"\nurl = "{folder}"'
+    else:
+        calendar_lines = (
+            f'url = "{calendar.url}"\nusername = "{calendar.username}"\n'
+            f'password_file = "{calendar.password_file}"'
+        )
+    defaults = {"poll_interval": '"1s"', "prepare_ahead": '"5s"', "stop_grace": '"1s"'}
+    given = {line.split("=", 1)[0].strip() for line in daemon.splitlines() if "=" in line}
+    daemon_lines = "\n".join(
+        [f"{key} = {value}" for key, value in defaults.items() if key not in given] + [daemon]
+    )
+    config = directory / "config.toml"
+    config.write_text(
+        f"""
+[daemon]
+host = "{host}"
+state_dir = "{directory / "state"}"
+{daemon_lines}
+[[calendars]]
+name = "{"folder" if calendar is None else "caldav"}"
+{calendar_lines}
+host = "{host}"
+default_template = "pytorch"
+[[hosts]]
+name = "{host}"
+gpus = {list(gpus)}
+gpu_mode = "none"
+bind_address = "127.0.0.1"
+ssh_ports = "{first}-{first + sessions - 1}"
+ftp_ports = "{first + sessions}-{first + 2 * sessions - 1}"
+ftp_passive_ports = "{first + 2 * sessions}-{first + 2 * sessions + passive - 1}"
+ftp_passive_per_session = {passive_per_session}
+[templates]
+base_image = "{BASE_IMAGE}"
+[users]
+keys_dir = "{keys}"
+host_authorized_keys = false
+[storage]
+output_root = "{directory / "output"}"
+[limits]
+shm_size = "64m"
+{limits}
+{extra}"""
+    )
+    return config
