@@ -30,10 +30,11 @@ def validate_command(arguments: argparse.Namespace) -> int:
         f"{config.source}: OK ({len(config.calendars)} calendar(s), "
         f"{len(config.hosts)} host(s), this daemon manages {config.daemon.host!r})"
     )
-    # what is valid but will not work as meant on this machine (the output disk)
+    # what is valid but will not work as meant on this machine (ports, the output disk)
     from gpuresa.outputs.disk import disk_warnings
+    from gpuresa.runtime.port_safety import port_warnings
 
-    for warning in disk_warnings(config):
+    for warning in [*port_warnings(config), *disk_warnings(config)]:
         print(f"warning: {warning}")
     return 0
 

@@ -17,6 +17,7 @@ from gpuresa.access import AccessError, authorized_keys, container_uid, ftp_cred
 from gpuresa.model import Session, SessionSpec
 from gpuresa.outputs.credentials import HostCredentials
 from gpuresa.outputs.disk import apply_session_quota, start_refusal
+from gpuresa.outputs.host_ca import HostCA
 from gpuresa.runtime.engine import dumps
 from gpuresa.runtime.errors import EngineTimeout, ImageMissing, PortRefused, SessionError
 from gpuresa.runtime.gpus import host_gpu_access
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# in a session's host-side folder: its copy of the host's SSH host keys
+# in a session's host-side folder: its own SSH host key and certificate (see outputs.host_ca)
 HOST_KEYS_FOLDER = "host-keys"
 
 
@@ -107,7 +108,7 @@ def prepare_session(
         command=template.command or (),
         gpu=gpu,
         engine_settings=runtime.kind.main_settings(runtime.config.limits),
-        # the host's own SSH host keys, copied for this session's root once its ids are known
+        # this session's own SSH host key, made for its root once its ids are known
         host_keys_dir=host_keys,
     )
     main_config = main_payload(runtime.config, labelled, main, labels)
@@ -122,8 +123,11 @@ def prepare_session(
         ids = runtime.kind.created(runtime.engine, main_id, spec.gpus, key)
         base_uid, base_gid = (ids.uid, ids.gid) if ids else (0, 0)
         prepare_output(output_dir, base_uid + uid, base_gid + uid, key)
-        # the host's SSH host keys and FTPS certificate, readable by the containers' root
-        host_credentials.session_host_keys(base_uid, base_gid, host_keys)
+        # a fresh host key of its own, certified for its time only, readable by its root;
+        # the FTPS certificate for the sidecar's root
+        HostCA(runtime.config).issue_session_key(
+            host_keys, base_uid, base_gid, key, spec.start, spec.end
+        )
         tls = host_credentials.sidecar_tls(base_uid, base_gid)
         sidecar_config = ftp_payload(
             runtime.config,
