@@ -252,8 +252,8 @@ def test_bad_storage_settings_are_refused(values: dict[str, Any], complaint: str
 
 
 def test_the_sftp_port_may_not_be_a_session_port() -> None:
-    with pytest.raises(ConfigError, match=r"storage\.sftp_port: 20005 is in hosts"):
-        parse_config({"hosts": [{"name": "localhost"}], "storage": {"sftp_port": 20005}})
+    with pytest.raises(ConfigError, match=r"storage\.sftp_port: 230 is in hosts"):
+        parse_config({"hosts": [{"name": "localhost"}], "storage": {"sftp_port": 230}})
     # off: the pattern is free
     parse_config({"storage": {"sftp_port": 0, "output_pattern": "{key}"}})
 
@@ -402,7 +402,7 @@ def test_the_end_email_says_how_to_download_and_until_when() -> None:
     )  # fmt: skip
     details = end_details(config, session, "gpu1.example.org", NOW)
     _, body = end_message(session, session.output_dir, "UTC", details=details)
-    assert "\n  sftp -P 222 alice@gpu1.example.org\n" in body
+    assert "\n  sftp -P 2222 alice@gpu1.example.org\n" in body
     assert "removed on Monday 2025-03-17 12:00 UTC" in body
     forever = parse_config({"storage": {"output_retention": "forever"}})
     assert "kept until an administrator" in end_details(forever, session, "gpu1", NOW)
@@ -507,7 +507,7 @@ def test_config_validate_warns_about_ports_a_host_user_can_bind(
     assert port_warnings(defaults, 1024) == []
     high = parse_config(
         {
-            "hosts": [{"name": "localhost", "ssh_ports": "300-310", "ftp_ports": "1000-1030"}],
+            "hosts": [{"name": "localhost", "ssh_ports": "200-210", "ftp_ports": "1000-1030"}],
             "storage": {"sftp_port": 2222},
         }
     )
