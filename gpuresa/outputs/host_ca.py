@@ -21,7 +21,8 @@ any user pose as every other session. Instead:
 A key or certificate taken from an ended session is refused by OpenSSH once
 its validity is over, and a key without a certificate is refused by the
 `@cert-authority` line. The principals are the names users connect with:
-`public_name` (else the host's name), the host's name and its `aliases`.
+`public_name` (else the host's name), the host's name, its `aliases` and
+its `bind_address` unless that is a wildcard.
 """
 
 from __future__ import annotations
@@ -115,9 +116,11 @@ class HostCA:
         self.folder = config.daemon.state_dir / CA_FOLDER
 
     def principals(self) -> list[str]:
-        """The names certificates are valid for: public name, host name, aliases."""
+        """The names certificates are valid for: public name, host name, aliases, bind address."""
         host = self.config.host()
         names = [host.public_name or host.name, host.name, *host.aliases]
+        if host.bind_address not in ("0.0.0.0", "::", ""):
+            names.append(host.bind_address)  # what `gpuresa session start` tells users
         return list(dict.fromkeys(name for name in names if name))
 
     def _key(self) -> ed25519.Ed25519PrivateKey:
@@ -179,8 +182,12 @@ class HostCA:
     def session_window(
         self, start: dt.datetime, end: dt.datetime
     ) -> tuple[dt.datetime, dt.datetime]:
-        """When a session's certificate is valid: from shortly before start to end + stop grace."""
-        return start - CLOCK_SKEW, end + self.config.daemon.stop_grace
+        """When a session's certificate is valid: from shortly before start to end + stop grace.
+
+        An end moved before the start gives a window of one second, long past.
+        """
+        after = start - CLOCK_SKEW
+        return after, max(end + self.config.daemon.stop_grace, after + dt.timedelta(seconds=1))
 
     def issue_session_key(
         self, folder: Path, uid: int, gid: int, key: str, start: dt.datetime, end: dt.datetime
