@@ -140,7 +140,10 @@ class HostCA:
                 pass
             finally:
                 os.unlink(name)
-        key = serialization.load_ssh_private_key(path.read_bytes(), None)
+        try:
+            key = serialization.load_ssh_private_key(path.read_bytes(), None)
+        except ValueError as error:
+            raise OSError(f"{path} cannot be read as a key: {error}") from None
         if not isinstance(key, ed25519.Ed25519PrivateKey):
             raise OSError(f"{path} is not an Ed25519 key")
         return key
@@ -224,7 +227,9 @@ class HostCA:
         """The output service's key folder (root's): its key, made once, and a current certificate.
 
         The certificate is signed again when missing, when less than
-        `SERVICE_RENEW` of it is left, or when the host's names changed.
+        `SERVICE_RENEW` of it is left, or when the host's names or CA changed.
+        The shared host keys of earlier versions are removed. Raises `OSError`
+        when a key cannot be read or written.
         """
         now = now or dt.datetime.now(dt.UTC)
         folder = _folder(self.config.daemon.state_dir / SERVICE_FOLDER)

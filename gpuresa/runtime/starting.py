@@ -125,9 +125,12 @@ def prepare_session(
         prepare_output(output_dir, base_uid + uid, base_gid + uid, key)
         # a fresh host key of its own, certified for its time only, readable by its root;
         # the FTPS certificate for the sidecar's root
-        HostCA(runtime.config).issue_session_key(
-            host_keys, base_uid, base_gid, key, spec.start, spec.end
-        )
+        try:
+            HostCA(runtime.config).issue_session_key(
+                host_keys, base_uid, base_gid, key, spec.start, spec.end
+            )
+        except (OSError, ValueError) as error:
+            raise SessionError(f"its host key cannot be made: {error}") from None
         tls = host_credentials.sidecar_tls(base_uid, base_gid)
         sidecar_config = ftp_payload(
             runtime.config,
