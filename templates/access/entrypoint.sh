@@ -3,9 +3,9 @@
 # Given by gpuresa in the environment: GPURESA_USER, GPURESA_UID, the
 # authorized keys; arguments: the template's command, if any.
 # Makes the login (once: a restarted container keeps it), its keys and sudo
-# rule, then runs sshd with the session's host key in the foreground. The banner, motd
-# and end time are not made here: gpuresa writes them on the host, in the
-# folder mounted read-only at /etc/gpuresa/session.
+# rule, then runs sshd in the foreground with the session's host key. The
+# banner, motd and end time are not made here: gpuresa writes them on the
+# host, in the folder mounted read-only at /etc/gpuresa/session.
 set -eu
 
 fail() {
