@@ -339,9 +339,11 @@ def test_booking_lifecycle_with_extension_kill_and_calendar_outage(
     port = stack.config.storage.sftp_port
     assert f"sftp -P {port} alice@" in ended.get_content() and "removed on" in ended.get_content()
     assert download(stack, f"{outputs[0].parent.name}/result.txt") == b"result\n"
-    # the start notice gives the host keys every session of the host presents
+    # the start notice gives the one line that trusts every session of the host
     started = mail_matching(stack.smtp, "ready")
-    assert "SHA256:" in started.get_content() and "]:* ssh-ed25519 " in started.get_content()
+    authority = [line for line in started.get_content().splitlines() if "@cert-authority" in line]
+    assert len(authority) == 1 and "]:* ssh-ed25519 " in authority[0]
+    assert "SHA256:" not in started.get_content().split("FTPS certificate")[0]
 
 
 def test_cancelled_and_rejected_bookings(stack: Stack) -> None:

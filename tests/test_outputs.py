@@ -34,7 +34,7 @@ from gpuresa.journal.store import Journal
 from gpuresa.mail.notices import end_message, start_message
 from gpuresa.model import Session, SessionSpec
 from gpuresa.outputs.container import accounts_text
-from gpuresa.outputs.credentials import HostCredentials, HostKey, known_hosts_lines
+from gpuresa.outputs.credentials import HostCredentials
 from gpuresa.outputs.disk import (
     disk_level,
     disk_warnings,
@@ -44,6 +44,7 @@ from gpuresa.outputs.disk import (
     quota_problem,
 )
 from gpuresa.outputs.duties import OutputDuties
+from gpuresa.outputs.host_ca import HostCA, certificate_validity
 from gpuresa.outputs.messages import end_details, removal_notice_message
 from gpuresa.outputs.owners import output_owner, uid_overlaps
 from gpuresa.outputs.records import OutputFolder, OutputRecords, notice_due, removal_due
@@ -51,6 +52,7 @@ from gpuresa.outputs.service import OutputService
 from gpuresa.runtime import SessionError
 from gpuresa.runtime.output_area import running_path
 from gpuresa.runtime.payload import MainContainer, ftp_payload, main_payload
+from gpuresa.runtime.port_safety import port_warnings, unprivileged_port_start
 
 NOW = datetime(2025, 3, 10, 12, 0, tzinfo=UTC)
 DAY = timedelta(days=1)
@@ -251,8 +253,8 @@ def test_bad_storage_settings_are_refused(values: dict[str, Any], complaint: str
 
 
 def test_the_sftp_port_may_not_be_a_session_port() -> None:
-    with pytest.raises(ConfigError, match=r"storage\.sftp_port: 20005 is in hosts"):
-        parse_config({"hosts": [{"name": "localhost"}], "storage": {"sftp_port": 20005}})
+    with pytest.raises(ConfigError, match=r"storage\.sftp_port: 230 is in hosts"):
+        parse_config({"hosts": [{"name": "localhost"}], "storage": {"sftp_port": 230}})
     # off: the pattern is free
     parse_config({"storage": {"sftp_port": 0, "output_pattern": "{key}"}})
 
@@ -407,12 +409,127 @@ def test_the_end_email_says_how_to_download_and_until_when() -> None:
     assert "kept until an administrator" in end_details(forever, session, "gpu1", NOW)
 
 
-def test_known_hosts_lines_for_one_port_and_for_all() -> None:
-    keys = [HostKey("ssh-ed25519", "AAAAC3Nza")]
-    assert known_hosts_lines(keys, "gpu1.example.org") == [
-        "[gpu1.example.org]:* ssh-ed25519 AAAAC3Nza"
+def test_one_cert_authority_line_names_every_name_users_connect_with(tmp_path: Path) -> None:
+    config = parse_config(
+        {
+            "daemon": {"host": "gpu1", "state_dir": str(tmp_path / "state")},
+            "hosts": [{"name": "gpu1", "public_name": "gpu1.example.org", "aliases": ["10.0.0.7"]}],
+        }
+    )
+    ca = HostCA(config)
+    assert ca.principals() == ["gpu1.example.org", "gpu1", "10.0.0.7"]
+    line = ca.known_hosts_line()
+    assert line == (
+        f"@cert-authority [gpu1.example.org]:*,[gpu1]:*,[10.0.0.7]:* {ca.public_line()}"
+    )
+    assert line.split()[2] == "ssh-ed25519"
+    # the CA key is root's alone, in a folder of root's alone
+    folder = (tmp_path / "state" / "host-ca").stat()
+    key = (tmp_path / "state" / "host-ca" / "ca_ed25519").stat()
+    assert (folder.st_uid, stat.S_IMODE(folder.st_mode)) == (0, 0o700)
+    assert (key.st_uid, stat.S_IMODE(key.st_mode)) == (0, 0o600)
+
+
+def test_a_session_certificate_covers_its_time_and_is_signed_again_on_extension(
+    tmp_path: Path,
+) -> None:
+    config = parse_config(
+        {
+            "daemon": {"state_dir": str(tmp_path / "state"), "stop_grace": "45s"},
+            "hosts": [{"name": "localhost", "public_name": "gpu1.example.org"}],
+        }
+    )
+    ca = HostCA(config)
+    folder = tmp_path / "session" / "host-keys"
+    folder.parent.mkdir()
+    ca.issue_session_key(folder, 100000, 100001, "booking-42", NOW, NOW + DAY)
+    private = (folder / "ssh_host_ed25519_key").stat()
+    assert (private.st_uid, private.st_gid, stat.S_IMODE(private.st_mode)) == (
+        100000,
+        100001,
+        0o600,
+    )
+    assert (folder.stat().st_uid, stat.S_IMODE(folder.stat().st_mode)) == (100000, 0o700)
+    certificate = (folder / "ssh_host_ed25519_key-cert.pub").read_bytes()
+    assert certificate_validity(certificate) == (
+        NOW - timedelta(minutes=5),
+        NOW + DAY + timedelta(seconds=45),
+    )
+    loaded = serialization.load_ssh_public_identity(certificate)
+    assert isinstance(loaded, serialization.SSHCertificate)
+    assert loaded.type == serialization.SSHCertificateType.HOST
+    assert loaded.valid_principals == [b"gpu1.example.org", b"localhost"]
+    signer = loaded.signature_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    )
+    assert signer == ca.public_line().encode()
+    loaded.verify_cert_signature()
+    # extended by a day: the same key, a new certificate up to the new end
+    ca.renew_session_certificate(folder, "booking-42", NOW, NOW + 2 * DAY)
+    renewed = (folder / "ssh_host_ed25519_key-cert.pub").read_bytes()
+    assert certificate_validity(renewed)[1] == NOW + 2 * DAY + timedelta(seconds=45)
+    again = serialization.load_ssh_public_identity(renewed)
+    assert isinstance(again, serialization.SSHCertificate)
+    assert again.public_key() == loaded.public_key()
+    # a second session gets a key of its own
+    other = tmp_path / "other" / "host-keys"
+    other.parent.mkdir()
+    ca.issue_session_key(other, 100000, 100000, "booking-43", NOW, NOW + DAY)
+    mine = (folder / "ssh_host_ed25519_key").read_bytes()
+    assert (other / "ssh_host_ed25519_key").read_bytes() != mine
+
+
+def test_the_output_service_certificate_is_renewed_before_it_runs_out(tmp_path: Path) -> None:
+    config = parse_config(
+        {"daemon": {"state_dir": str(tmp_path / "state")}, "hosts": [{"name": "localhost"}]}
+    )
+    legacy = tmp_path / "state" / "host-keys"
+    legacy.mkdir(parents=True)
+    (legacy / "ssh_host_ed25519_key").write_text("the old shared key")
+    ca = HostCA(config)
+    folder = ca.service_keys(NOW)
+    assert not legacy.exists()  # the shared keys of old are gone
+    key = (folder / "ssh_host_ed25519_key").read_bytes()
+    first = (folder / "ssh_host_ed25519_key-cert.pub").read_bytes()
+    assert certificate_validity(first)[1] == NOW + timedelta(days=30)
+    ca.service_keys(NOW + timedelta(days=19))  # 11 days left: kept
+    assert (folder / "ssh_host_ed25519_key-cert.pub").read_bytes() == first
+    ca.service_keys(NOW + timedelta(days=21))  # 9 days left: signed again, same key
+    renewed = (folder / "ssh_host_ed25519_key-cert.pub").read_bytes()
+    assert certificate_validity(renewed)[1] == NOW + timedelta(days=51)
+    assert (folder / "ssh_host_ed25519_key").read_bytes() == key
+    assert stat.S_IMODE((folder / "ssh_host_ed25519_key").stat().st_mode) == 0o600
+
+
+def test_config_validate_warns_about_ports_a_host_user_can_bind(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    defaults = parse_config({"hosts": [{"name": "localhost"}]})
+    assert port_warnings(defaults, 1024) == []
+    high = parse_config(
+        {
+            "hosts": [{"name": "localhost", "ssh_ports": "200-210", "ftp_ports": "1000-1030"}],
+            "storage": {"sftp_port": 2222},
+        }
+    )
+    warnings = port_warnings(high, 1024)
+    assert [warning.split(":")[0] for warning in warnings] == [
+        "hosts[0].ftp_ports",
+        "storage.sftp_port",
     ]
-    assert known_hosts_lines(keys, "gpu1", 20001) == ["[gpu1]:20001 ssh-ed25519 AAAAC3Nza"]
+    # a machine that lets users bind from 80 up: the defaults are bindable too
+    assert len(port_warnings(defaults, 80)) == 4
+    # on this machine, through the command
+    start = unprivileged_port_start()
+    config_file = tmp_path / "config.toml"
+    config_file.write_text(
+        f'[daemon]\nstate_dir = "{tmp_path / "state"}"\n'
+        f'[[hosts]]\nname = "localhost"\nssh_ports = "{start}-{start + 9}"\n'
+    )
+    assert main(["config", "validate", "--config", str(config_file)]) == 0
+    output = capsys.readouterr().out
+    assert f"warning: hosts[0].ssh_ports: {start}-{start + 9} is bindable" in output
+    assert "ftp_ports" not in output  # the default range is below 1024
 
 
 # --- the daemon's round -----------------------------------------------------------------
@@ -547,28 +664,13 @@ def test_host_credentials_are_made_once_even_by_many_at_once(tmp_path: Path) -> 
         {"daemon": {"state_dir": str(tmp_path / "state")}, "hosts": [{"name": "localhost"}]}
     )
     makers = [HostCredentials(config) for _ in range(8)]
+    authorities = [HostCA(config) for _ in range(8)]
     with ThreadPoolExecutor(max_workers=8) as pool:
-        keys = list(pool.map(lambda maker: maker.public_keys(), makers))
+        lines = list(pool.map(lambda ca: ca.public_line(), authorities))
         files = list(pool.map(lambda maker: maker.tls_files(), makers))
-    assert all(found == keys[0] for found in keys) and len(keys[0]) == 2
-    assert keys[0][0].kind == "ssh-ed25519" and keys[0][1].kind == "ecdsa-sha2-nistp256"
+    assert all(found == lines[0] for found in lines) and lines[0].startswith("ssh-ed25519 ")
     certificate, key = files[0]
     assert stat.S_IMODE(key.stat().st_mode) == 0o600
     private = serialization.load_pem_private_key(key.read_bytes(), None)
     public = x509.load_pem_x509_certificate(certificate.read_bytes()).public_key()
     assert private.public_key().public_numbers() == public.public_numbers()  # type: ignore[union-attr]
-    # the copies for sessions belong to the given uid, 0600, and match
-    folder = makers[0].session_host_keys(100000, 100000)
-    copy = folder / "ssh_host_ed25519_key"
-    details = copy.stat()
-    assert (details.st_uid, details.st_gid, stat.S_IMODE(details.st_mode)) == (
-        100000,
-        100000,
-        0o600,
-    )
-    assert (
-        copy.read_bytes()
-        == (tmp_path / "state" / "host-keys" / "ssh_host_ed25519_key").read_bytes()
-    )
-    master = (tmp_path / "state" / "host-keys").stat()
-    assert (master.st_uid, stat.S_IMODE(master.st_mode)) == (0, 0o700)

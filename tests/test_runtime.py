@@ -351,8 +351,13 @@ def test_the_containers_are_confined(site: Site) -> None:
         assert run(client, "sudo -n mount -t tmpfs none /mnt")[0] != 0
         # no Docker socket anywhere
         assert run(client, "ls /var/run/docker.sock /run/docker.sock")[0] != 0
-        # host keys are the session's own, made at start: ed25519 and ECDSA only
-        assert run(client, "ls /etc/ssh/ | grep -c '^ssh_host_.*_key$'")[1].strip() == "2"
+        # one host key, the session's own from the host with its certificate; none in the image
+        assert run(client, "ls /etc/ssh/ | grep -c '^ssh_host_.*_key$'")[1].strip() == "0"
+        assert run(client, "sudo -n ls /etc/ssh/gpuresa-host-keys")[1].split() == [
+            "ssh_host_ed25519_key",
+            "ssh_host_ed25519_key-cert.pub",
+            "ssh_host_ed25519_key.pub",
+        ]
 
 
 # --- two sessions -----------------------------------------------------------------------------

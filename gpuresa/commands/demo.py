@@ -111,10 +111,11 @@ def write_demo(root: Path, now: datetime, start_in: timedelta, length: timedelta
     (files.inputs / "README.txt").write_text(
         "This folder is the site's input data, mounted read-only at /data.\n"
     )
-    ssh_first = free_port_block(10, 42200)
+    # privileged ports, as by default (no host user can bind them; see README "Ports")
+    ssh_first = free_port_block(10, 223)
     ftp_first = free_port_block(10, ssh_first + 10)
     passive_first = free_port_block(40, ftp_first + 10)
-    # the output service's own port, next to the sessions' (2222 may be taken)
+    # the output service's own port, next to the sessions'
     sftp_port = free_port_block(1, passive_first + 40)
     # the status page and /metrics: Prometheus's usual gpuresa port, or the next free one
     status_port = free_port_block(1, STATUS_PORT)

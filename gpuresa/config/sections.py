@@ -145,6 +145,15 @@ class CalendarConfig:
     rooms: Mapping[str, str] = Field(factory=dict, check=_room_hosts)
 
 
+def _names(value: tuple[str, ...]) -> str | None:
+    import re
+
+    for name in value:
+        if not re.fullmatch(r"[A-Za-z0-9.:_-]+", name):
+            return f"expected host names or addresses, got {name!r}"
+    return None
+
+
 @dataclass(frozen=True)
 class HostConfig:
     """[[hosts]]: one GPU server, its GPUs and the ports its sessions may use."""
@@ -160,10 +169,13 @@ class HostConfig:
     gpu_mode: Literal["nvidia", "cdi", "devices", "none"] = "nvidia"
     bind_address: str = "0.0.0.0"
     public_name: str | None = None
-    ssh_ports: PortRange = PortRange(20000, 20999)
-    ftp_ports: PortRange = PortRange(21000, 21999)
-    ftp_passive_ports: PortRange = PortRange(22000, 23999)
-    ftp_passive_per_session: int = Field(10, check=at_least(1))
+    # other names users reach the host by: its SSH host certificates name them too
+    aliases: tuple[str, ...] = Field((), check=_names)
+    # privileged ports (below 1024), which no host user can bind: see README "Ports"
+    ssh_ports: PortRange = PortRange(223, 254)
+    ftp_ports: PortRange = PortRange(255, 286)
+    ftp_passive_ports: PortRange = PortRange(287, 382)
+    ftp_passive_per_session: int = Field(3, check=at_least(1))
     driver_libraries: tuple[Path, ...] = ()
     driver_binaries: tuple[Path, ...] = (Path("/usr/bin/nvidia-smi"),)
 
@@ -216,7 +228,7 @@ class StorageConfig:
     )
     output_removal_notice: timedelta = timedelta(days=1)
     output_uid_base: int = Field(1_500_000_000, check=at_least(65536))
-    sftp_port: int = Field(2222, check=lambda value: _port_or_off(value))
+    sftp_port: int = Field(222, check=lambda value: _port_or_off(value))
     ftp_plain: bool = False
     ftp_tls_cert: Path | None = None
     ftp_tls_key: Path | None = None

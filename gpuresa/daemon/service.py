@@ -41,6 +41,7 @@ from gpuresa.model import Session
 from gpuresa.observe.server import ObservationServer
 from gpuresa.outputs.disk import disk_warnings
 from gpuresa.runtime import Runtime
+from gpuresa.runtime.port_safety import port_warnings
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +142,7 @@ class Daemon:
                 f"{problem}\n\nThe daemon goes on with a new journal and rebuilds what runs "
                 "from Docker's labels. Past history is in the file set aside.\n",
             )
-        for warning in disk_warnings(self.config):
+        for warning in [*port_warnings(self.config), *disk_warnings(self.config)]:
             log.warning("%s", warning)
         self.sampler = Sampler(UsageStore(state_dir / USAGE_FILE), self._telemetry, self._inspector)
         self.loop = Loop(context, on_start=self._on_start, sampler=self.sampler)

@@ -459,7 +459,7 @@ def start_message(
 
     Given the running session (with its FTP credentials), the host name users
     connect to (`[[hosts]].public_name`, else its name) and the site time zone;
-    `details` (host keys, the output service: `outputs.messages.start_details`)
+    `details` (the host CA line, the output service: `outputs.messages.start_details`)
     is added before the closing lines. The body holds the exact line
     `ssh -p PORT user@host` on a line of its own.
     """

@@ -1,48 +1,30 @@
-"""The host's SSH host keys and FTPS certificate: made once, kept in the state directory.
-
-Every session of a host and its output service present the same SSH host keys,
-so users can keep one `known_hosts` line instead of learning to ignore
-warnings. The keys are generated once (Ed25519 and ECDSA, with `cryptography`)
-into `<state_dir>/host-keys/` (root's, 0600). A session's sshd runs as the
-container's remapped root, which cannot read root's files, so a copy owned by
-that uid sits in `host-keys/session/` and is mounted read-only in sessions;
-the output service (real root) mounts the originals.
-
-Trade-off, stated plainly: whoever has sudo in a session can read those keys,
-so a user could impersonate this host's sessions to a user whose traffic they
-can intercept. Host certificates (a CA key gpuresa keeps, one short-lived
-certificate per session, `@cert-authority` in known_hosts) would close that;
-the shared keys are what users' tools handle today.
+"""The host's FTPS certificate: the admin's, else made once, kept in the state directory.
 
 The FTP sidecars' certificate: `storage.ftp_tls_cert`/`ftp_tls_key` when set,
 else a self-signed one made once into `<state_dir>/tls/`; a copy the
 sidecar's remapped root can read is mounted read-only into sidecars.
+SSH host keys are not shared (see `host_ca`).
 """
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
-import hashlib
 import ipaddress
 import logging
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 
 from gpuresa.config.sections import Config
 
 log = logging.getLogger(__name__)
 
-KEY_TYPES = ("ed25519", "ecdsa")
-HOST_KEY_FOLDER = "host-keys"
 TLS_FOLDER = "tls"
 SESSION_COPY = "session"
 
@@ -95,88 +77,12 @@ def _private_folder(path: Path, uid: int = 0, gid: int = 0) -> Path:
     return path
 
 
-def _new_key(kind: str) -> bytes:
-    key: ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey
-    key = (
-        ed25519.Ed25519PrivateKey.generate()
-        if kind == "ed25519"
-        else ec.generate_private_key(ec.SECP256R1())
-    )
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.OpenSSH,
-        serialization.NoEncryption(),
-    )
-
-
-@dataclass(frozen=True)
-class HostKey:
-    """One public host key: its type name, its base64 blob, its SHA-256 fingerprint."""
-
-    kind: str
-    blob: str
-
-    @property
-    def fingerprint(self) -> str:
-        digest = hashlib.sha256(base64.b64decode(self.blob)).digest()
-        return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
-
-
-def known_hosts_lines(keys: list[HostKey], name: str, port: int | None = None) -> list[str]:
-    """`known_hosts` lines for `name`: for one port, or (port None) for every port.
-
-    OpenSSH matches "[name]:PORT" entries as patterns, so "[name]:*" covers
-    every session port and the output service with one line per key.
-    """
-    where = f"[{name}]:{port}" if port is not None else f"[{name}]:*"
-    return [f"{where} {key.kind} {key.blob}" for key in keys]
-
-
 class HostCredentials:
-    """The host keys and the FTPS certificate of this host (see the module docstring)."""
+    """The FTPS certificate of this host (see the module docstring)."""
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.key_folder = config.daemon.state_dir / HOST_KEY_FOLDER
         self.tls_folder = config.daemon.state_dir / TLS_FOLDER
-
-    def key_file(self, kind: str) -> Path:
-        return self.key_folder / f"ssh_host_{kind}_key"
-
-    def ensure_host_keys(self) -> Path:
-        """Make the host keys if missing; returns their folder (root's)."""
-        _private_folder(self.key_folder)
-        for kind in KEY_TYPES:
-            path = self.key_file(kind)
-            if not path.is_file():
-                log.info("making this host's SSH %s host key in %s", kind, path)
-                _create_once(path, _new_key(kind))
-        return self.key_folder
-
-    def public_keys(self) -> list[HostKey]:
-        """The public halves, Ed25519 first."""
-        self.ensure_host_keys()
-        keys = []
-        for kind in KEY_TYPES:
-            private = serialization.load_ssh_private_key(self.key_file(kind).read_bytes(), None)
-            line = private.public_key().public_bytes(
-                serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
-            )
-            name, blob = line.decode().split()[:2]
-            keys.append(HostKey(name, blob))
-        return keys
-
-    def session_host_keys(self, uid: int, gid: int, folder: Path | None = None) -> Path:
-        """A copy of the host keys readable by a session's root (host uid:gid); its folder.
-
-        In `folder` when given (a session's own, for an engine that gives each
-        session its own ids), else in one copy per id range.
-        """
-        self.ensure_host_keys()
-        folder = _private_folder(folder or self.key_folder / f"{SESSION_COPY}-{uid}", uid, gid)
-        for kind in KEY_TYPES:
-            _copy_if_changed(self.key_file(kind), folder / self.key_file(kind).name, uid, gid)
-        return folder
 
     # --- FTPS ---------------------------------------------------------------------------------
 
@@ -259,6 +165,5 @@ def self_signed(name: str) -> tuple[bytes, bytes]:
 def remove_session_copies(config: Config) -> None:
     """Forget the copies made for sessions (they are made again on the next start)."""
     state = config.daemon.state_dir
-    for parent in (state / HOST_KEY_FOLDER, state / TLS_FOLDER):
-        for folder in parent.glob(f"{SESSION_COPY}-*"):
-            shutil.rmtree(folder, ignore_errors=True)
+    for folder in (state / TLS_FOLDER).glob(f"{SESSION_COPY}-*"):
+        shutil.rmtree(folder, ignore_errors=True)

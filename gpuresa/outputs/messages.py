@@ -2,8 +2,8 @@
 
 Pure functions, in the style of `gpuresa.mail.notices` (which sends them): given the
 config, a session or an output folder and the site's time zone, they return
-text or (subject, body). Reading the host keys (`start_details`) is the only
-file access, through `HostCredentials`.
+text or (subject, body). Reading the host CA and the FTPS certificate
+(`start_details`) is the only file access.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from datetime import datetime
 from gpuresa.config.sections import Config
 from gpuresa.mail.notices import SUBJECT_PREFIX, format_remaining, format_time, one_line
 from gpuresa.model import Session
-from gpuresa.outputs.credentials import HostCredentials, known_hosts_lines
+from gpuresa.outputs.credentials import HostCredentials
 from gpuresa.outputs.disk import DiskState
+from gpuresa.outputs.host_ca import HostCA
 from gpuresa.outputs.records import OutputFolder, planned_removal
 
 
@@ -31,34 +32,24 @@ def _retention(config: Config) -> str:
 
 
 def start_details(config: Config, session: Session, public_host: str) -> str:
-    """Host key fingerprints, `known_hosts` lines, and where outputs can be fetched.
+    """The host CA's known_hosts line, the FTPS fingerprint, where outputs can be fetched.
 
-    Raises `OSError` when the host keys cannot be read (the caller sends the
-    notice without them rather than not at all).
+    Raises `OSError` when the CA or the FTPS certificate cannot be read (the
+    caller sends the notice without them rather than not at all).
     """
-    credentials = HostCredentials(config)
-    keys = credentials.public_keys()
-    fingerprints = "\n".join(f"  {key.kind:<20} {key.fingerprint}" for key in keys)
-    every_port = "\n".join(f"  {line}" for line in known_hosts_lines(keys, public_host))
-    this_port = "\n".join(
-        f"  {line}" for line in known_hosts_lines(keys, public_host, session.ssh_port)
-    )
+    ca = HostCA(config)
+    line = ca.known_hosts_line()
     text = f"""
-This host presents the same SSH host keys in every session (and in its
-output service); check them at your first login:
+Every session of {public_host} (and its output service) presents a host key
+certified by this host's SSH certificate authority, valid for that session's
+time only. Add this ONE line to ~/.ssh/known_hosts once; it stays valid for
+all your sessions on this host:
 
-{fingerprints}
-
-Or add these lines to ~/.ssh/known_hosts (every port of {public_host}):
-
-{every_port}
-
-(only this session's port:
-{this_port})
+  {line}
 
 The FTPS certificate's SHA-256 fingerprint (check it when your FTP client asks):
 
-  {credentials.tls_fingerprint()}
+  {HostCredentials(config).tls_fingerprint()}
 """
     if config.storage.sftp_port:
         text += f"""

@@ -42,6 +42,7 @@ from gpuresa.outputs.container import (
 )
 from gpuresa.outputs.credentials import HostCredentials
 from gpuresa.outputs.disk import DiskState, measure
+from gpuresa.outputs.host_ca import HostCA
 from gpuresa.outputs.owners import Owner, output_owner, prepare_login_folder, prepare_root
 from gpuresa.outputs.records import (
     OutputFolder,
@@ -220,7 +221,8 @@ class OutputService:
         if not self.enabled:
             return ServiceState("off", 0, ())
         logins = self.refresh_accounts()
-        host_keys = self.credentials.ensure_host_keys()
+        # its own host key; the certificate is signed again here when it nears its end
+        host_keys = HostCA(self.config).service_keys()
         image = self.ensure_image()
         labels = {
             HOST_LABEL: self.config.daemon.host,

@@ -36,7 +36,7 @@ DRIVER_LIBRARY_TARGET = PurePosixPath("/usr/local/nvidia/lib64")
 DRIVER_BINARY_TARGET = PurePosixPath("/usr/local/nvidia/bin")
 # where the session's host-written files (banner, motd, end, message) appear, read-only
 SESSION_FILES_TARGET = PurePosixPath("/etc/gpuresa/session")
-# where the host's shared SSH host keys and the FTPS certificate appear
+# where the session's own SSH host key and certificate appear (see outputs.host_ca)
 HOST_KEYS_TARGET = PurePosixPath("/etc/ssh/gpuresa-host-keys")
 FTP_TLS_TARGET = PurePosixPath("/etc/gpuresa-ftp/tls")
 
@@ -298,7 +298,7 @@ class MainContainer:
     gpu: GpuAccess = field(default_factory=GpuAccess)
     # what the engine adds to HostConfig (Podman: the session's own user namespace)
     engine_settings: Mapping[str, Any] = field(default_factory=dict)
-    # the host's SSH host keys (a copy the container's root can read), if shared
+    # the session's own SSH host key and certificate (its root reads them)
     host_keys_dir: Path | None = None
     # the session's CPUs and memory (see `runtime.limits`); None: `[limits]` as set
     limits: SessionLimits | None = None

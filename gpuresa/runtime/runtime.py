@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuresa.config.sections import Config, HostConfig
 from gpuresa.model import Session, SessionSpec
+from gpuresa.outputs.host_ca import HostCA
 from gpuresa.runtime import garbage, stopping
 from gpuresa.runtime.engine import Engine, EngineRefused
 from gpuresa.runtime.engines import EngineKind, engine_kind
@@ -56,7 +57,7 @@ from gpuresa.runtime.payload import (
 from gpuresa.runtime.records import EndRecords
 from gpuresa.runtime.session_files import SessionFacts, SessionFiles, end_text
 from gpuresa.runtime.specs import check_spec, new_spec
-from gpuresa.runtime.starting import start_session
+from gpuresa.runtime.starting import HOST_KEYS_FOLDER, start_session
 
 if TYPE_CHECKING:
     from docker import DockerClient
@@ -450,7 +451,21 @@ class Runtime:
         session = self.session_of(key, found)
         if session is not None and found.main is not None:
             self.show_facts(key, session)
+            self._renew_host_certificate(key, session.start, end)
         log.info("%s: now ends at %s", key, utc_text(end))
+
+    def _renew_host_certificate(self, key: str, start: datetime, end: datetime) -> None:
+        """Sign the session's host key again up to its new end (sshd reads it per connection)."""
+        folder = self.files.path(key) / HOST_KEYS_FOLDER
+        try:
+            HostCA(self.config).renew_session_certificate(folder, key, start, end)
+        except FileNotFoundError:
+            # made by an earlier version, with the shared keys: nothing to renew
+            log.warning("%s: has no host key of its own; its certificate is not renewed", key)
+        except (OSError, ValueError) as error:
+            raise SessionError(
+                f"session {key}: cannot renew its host certificate: {error}"
+            ) from None
 
     # --- leftovers -------------------------------------------------------------------------
 

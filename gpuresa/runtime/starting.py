@@ -18,6 +18,7 @@ from gpuresa.access import AccessError, authorized_keys, container_uid, ftp_cred
 from gpuresa.model import Session, SessionSpec
 from gpuresa.outputs.credentials import HostCredentials
 from gpuresa.outputs.disk import apply_session_quota, start_refusal
+from gpuresa.outputs.host_ca import HostCA
 from gpuresa.runtime.engine import dumps
 from gpuresa.runtime.errors import EngineTimeout, ImageMissing, PortRefused, SessionError
 from gpuresa.runtime.gpus import host_gpu_access
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# in a session's host-side folder: its copy of the host's SSH host keys
+# in a session's host-side folder: its own SSH host key and certificate (see outputs.host_ca)
 HOST_KEYS_FOLDER = "host-keys"
 
 
@@ -123,7 +124,7 @@ def prepare_session(
         gpu=gpu,
         engine_settings={**runtime.kind.main_settings(runtime.config.limits), **layer.settings},
         limits=session_limits(runtime.config.limits, runtime.host_totals(), len(spec.gpus)),
-        # the host's own SSH host keys, copied for this session's root once its ids are known
+        # this session's own SSH host key, made for its root once its ids are known
         host_keys_dir=host_keys,
     )
     main_config = main_payload(runtime.config, labelled, main, labels)
@@ -143,8 +144,14 @@ def prepare_session(
         runtime.files.show_secret(
             key, FTP_PASSWORD_FILE, credentials.password + "\n", base_uid + uid, base_gid + uid
         )
-        # the host's SSH host keys and FTPS certificate, readable by the containers' root
-        host_credentials.session_host_keys(base_uid, base_gid, host_keys)
+        # a fresh host key of its own, certified for its time only, readable by its root;
+        # the FTPS certificate for the sidecar's root
+        try:
+            HostCA(runtime.config).issue_session_key(
+                host_keys, base_uid, base_gid, key, spec.start, spec.end
+            )
+        except (OSError, ValueError) as error:
+            raise SessionError(f"its host key cannot be made: {error}") from None
         tls = host_credentials.sidecar_tls(base_uid, base_gid)
         sidecar_config = ftp_payload(
             runtime.config,

@@ -3,9 +3,9 @@
 # Given by gpuresa in the environment: GPURESA_USER, GPURESA_UID, the
 # authorized keys; arguments: the template's command, if any.
 # Makes the login (once: a restarted container keeps it), its keys and sudo
-# rule, fresh host keys, then runs sshd in the foreground. The banner, motd
-# and end time are not made here: gpuresa writes them on the host, in the
-# folder mounted read-only at /etc/gpuresa/session.
+# rule, then runs sshd in the foreground with the session's host key. The
+# banner, motd and end time are not made here: gpuresa writes them on the
+# host, in the folder mounted read-only at /etc/gpuresa/session.
 set -eu
 
 fail() {
@@ -41,17 +41,18 @@ printf '%s\n' "${GPURESA_AUTHORIZED_KEYS:?GPURESA_AUTHORIZED_KEYS is not set}" \
     >"/etc/ssh/authorized_keys/$login"
 chmod 0644 "/etc/ssh/authorized_keys/$login"
 
-# --- host keys: the host's own when gpuresa mounts them (every session of a host
-# shows the same keys), else made here (no slow RSA) ---------------------------------
-for type in ed25519 ecdsa; do
-    key="/etc/ssh/ssh_host_${type}_key"
-    shared="/etc/ssh/gpuresa-host-keys/ssh_host_${type}_key"
-    if [ -s "$shared" ]; then
-        ln -sf "$shared" "$key"
-    else
-        [ -s "$key" ] || ssh-keygen -q -t "$type" -N '' -C "gpuresa-${GPURESA_SESSION:-session}" -f "$key"
-    fi
-done
+# --- the host key: the session's own when gpuresa mounts it, with its certificate
+# (signed by the host's CA for this session's time; sshd re-executes itself for
+# every connection and reads the certificate then, so a renewed one counts at
+# once), else one made here (no slow RSA) --------------------------------------------
+mounted=/etc/ssh/gpuresa-host-keys/ssh_host_ed25519_key
+if [ -s "$mounted" ]; then
+    host_key_options="-h $mounted -o HostCertificate=$mounted-cert.pub"
+else
+    key=/etc/ssh/ssh_host_ed25519_key
+    [ -s "$key" ] || ssh-keygen -q -t ed25519 -N '' -C "gpuresa-${GPURESA_SESSION:-session}" -f "$key"
+    host_key_options="-h $key"
+fi
 
 # --- the environment of login sessions: the image's, plus the GPUs' ---------------
 # (sshd starts sessions with a clean environment; PAM reads /etc/environment,
@@ -107,4 +108,5 @@ fi
 mkdir -p /run/sshd
 chmod 0755 /run/sshd
 echo "gpuresa entrypoint: session ${GPURESA_SESSION:-?} ready for $login (uid $uid)" >&2
-exec /usr/sbin/sshd -D -e -o "AllowUsers=$login"
+# shellcheck disable=SC2086 # the options are words without spaces
+exec /usr/sbin/sshd -D -e $host_key_options -o "AllowUsers=$login"

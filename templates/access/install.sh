@@ -23,7 +23,7 @@ if [ -n "$missing" ]; then
     fi
 fi
 
-# Fresh host keys per session: the entrypoint makes them, none may come from the image.
+# A host key per session: gpuresa mounts the session's own; none may come from the image.
 rm -f /etc/ssh/ssh_host_*
 mkdir -p /run/sshd /etc/ssh/authorized_keys /etc/gpuresa /var/log/gpuresa
 chmod 0755 /etc/ssh/authorized_keys
