@@ -100,6 +100,8 @@ def prepare_session(
     files = runtime.files.show_facts(
         key, runtime.facts(labelled), runtime.config.reservations.timezone
     )
+    # the keys are a root-only host file mounted read-only, never the container's own
+    runtime.files.show_keys(key, keys)
     labels = session_labels(labelled, uid, output_dir, credentials.user)
     host_credentials = HostCredentials(runtime.config)
     host_keys = files / HOST_KEYS_FOLDER
@@ -107,7 +109,6 @@ def prepare_session(
     main = MainContainer(
         image=image,
         uid=uid,
-        authorized_keys=keys,
         output_dir=running,
         session_files=files,
         command=template.command or (),
