@@ -338,7 +338,7 @@ def test_a_full_output_disk_refuses_new_sessions_and_spares_running_ones(
             output_root=small_disk / "output",
             free_warn="50%",
             free_refuse="25%",
-            session_quota="1g",  # tmpfs: not applied, said plainly
+            session_quota="1g",  # tmpfs: an image instead, said plainly
         ),
     )
     warnings = disk_warnings(site.config)
@@ -538,7 +538,7 @@ session_quota = "100g"
     )
     assert main(["config", "validate", "--config", str(config_file)]) == 0
     output = capsys.readouterr().out
-    assert "warning: storage.session_quota cannot be applied" in output
+    assert "warning: storage.session_quota is kept with a filesystem image" in output
     assert "tmpfs, which has no project quotas" in output
 
 

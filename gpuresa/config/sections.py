@@ -219,7 +219,7 @@ class StorageConfig:
     ftp_tls_key: Path | None = None
     free_warn: str = Field("10%", check=lambda value: _free_space(value))
     free_refuse: str = Field("3%", check=lambda value: _free_space(value))
-    session_quota: str | None = Field(None, check=lambda value: _size(value))
+    session_quota: str | None = Field("auto", check=lambda value: _quota(value))
 
 
 def _port_or_off(value: int) -> str | None:
@@ -240,6 +240,12 @@ class LimitsConfig:
     memory: str | None = Field(None, check=lambda value: _size(value))
     shm_size: str = Field("8g", check=lambda value: _size(value))
     pids: int = Field(4096, check=at_least(64))
+
+
+def _quota(value: str | None) -> str | None:
+    if value is not None and value.lower() in ("auto", "none"):
+        return None
+    return _size(value)
 
 
 def _size(value: str | None) -> str | None:

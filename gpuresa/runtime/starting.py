@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING
 
 from gpuresa.access import AccessError, authorized_keys, container_uid, ftp_credentials
 from gpuresa.model import Session, SessionSpec
+from gpuresa.outputs.capped import cap_output
 from gpuresa.outputs.credentials import HostCredentials
-from gpuresa.outputs.disk import apply_session_quota, start_refusal
+from gpuresa.outputs.disk import start_refusal
 from gpuresa.runtime.engine import dumps
 from gpuresa.runtime.errors import EngineTimeout, ImageMissing, PortRefused, SessionError
 from gpuresa.runtime.gpus import host_gpu_access
@@ -94,7 +95,8 @@ def prepare_session(
     take_back(output_dir, stored_path(runtime.config, key), key)
     make_output_folder(running)
     remember(runtime.config, key, spec.user, output_dir)
-    apply_session_quota(runtime.config, running, key)
+    # the cap comes before anything of the session's can write there (refused without room)
+    cap_output(runtime.config, key, running, len(spec.gpus), len(runtime.host_gpus()))
     labelled = dataclasses.replace(spec, cuda=variant.name)
     runtime.ends.forget(key)
     files = runtime.files.show_facts(
