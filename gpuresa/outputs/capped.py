@@ -36,7 +36,7 @@ from pathlib import Path
 from gpuresa.config.sections import Config
 from gpuresa.outputs.disk import free_bytes, gibibytes, measure, mount_of, quota_problem
 from gpuresa.runtime.errors import SessionError
-from gpuresa.runtime.output_area import store
+from gpuresa.runtime.output_area import in_host_namespace, store
 from gpuresa.runtime.payload import safe_key
 
 log = logging.getLogger(__name__)
@@ -136,6 +136,14 @@ def mount_capped(config: Config, key: str, folder: Path, limit: int) -> None:
     device, or mkfs or mount fails (the image is then removed again).
     """
     if os.path.ismount(folder):
+        return
+    if not in_host_namespace():
+        # a mount made here would not be seen by the engine: the cap would only seem kept
+        log.warning(
+            "%s: storage.session_quota is not kept: this process runs in a mount namespace "
+            "of its own (the unit's hardening), where a loop mount does not reach the engine",
+            key,
+        )
         return
     image = image_path(config, key)
     made = False
