@@ -19,6 +19,7 @@ makes is labelled with its own host name and removed at the end.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import logging
 import os
@@ -43,6 +44,7 @@ from gpuresa.config.sections import Config, parse_config
 from gpuresa.model import SessionSpec
 from gpuresa.runtime import Runtime
 from gpuresa.runtime.engines import PODMAN_SOCKET
+from gpuresa.runtime.output_area import release_area
 
 BASE_IMAGE = "gpuresa/base:bookworm"
 LOGIN = "bench"
@@ -181,9 +183,13 @@ def main() -> int:
         bare_environment = {
             "GPURESA_USER": LOGIN,
             "GPURESA_UID": str(UID),
-            "GPURESA_AUTHORIZED_KEYS": public_key.strip(),
             "GPURESA_END": "2030-01-01T00:00:00Z",
         }
+        # the keys, as gpuresa gives them: a file in a folder mounted read-only
+        bare_files = root / "bare-session"
+        bare_files.mkdir(mode=0o755)
+        (bare_files / "authorized_keys").write_text(public_key)
+        (bare_files / "authorized_keys").chmod(0o644)
 
         try:
             for _ in range(rounds):
@@ -200,6 +206,7 @@ def main() -> int:
                             "PortBindings": {
                                 "22/tcp": [{"HostIp": "127.0.0.1", "HostPort": str(bare_port)}]
                             },
+                            "Binds": [f"{bare_files}:/etc/gpuresa/session:ro"],
                             **runtime.kind.main_settings(config.limits),
                         },
                     }
@@ -234,6 +241,9 @@ def main() -> int:
                 container.remove(force=True)
             for network in client.networks.list(filters={"label": f"gpuresa.host={host}"}):
                 network.remove()
+            # the running outputs' nosuid mount (and any session image below it) goes too
+            with contextlib.suppress(OSError):
+                release_area(config)
 
     bare = statistics.median(results["bare"])
     rows = [

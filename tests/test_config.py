@@ -317,3 +317,32 @@ def test_cli_version(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--version"])
     assert caught.value.code == 0
     assert capsys.readouterr().out.startswith("gpuresa ")
+
+
+def test_config_validate_says_which_isolation_each_host_has(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Docker: one shared uid for every session's root; Podman: a range per session."""
+    file = tmp_path / "config.toml"
+    file.write_text(
+        f'[daemon]\nhost = "gpu1"\nstate_dir = "{tmp_path / "state"}"\n'
+        f'[storage]\noutput_root = "{tmp_path / "output"}"\n'
+        '[[hosts]]\nname = "gpu1"\n'
+        '[[hosts]]\nname = "gpu2"\nengine = "podman"\ngpu_mode = "devices"\n'
+    )
+    assert main(["config", "validate", "--config", str(file)]) == 0
+    lines = {
+        line.split(":", 1)[0]: line
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("host ")
+    }
+    assert set(lines) == {"host gpu1", "host gpu2"}
+    assert "docker userns-remap" in lines["host gpu1"]
+    assert "one host uid is root in every session" in lines["host gpu1"]
+    assert "podman userns=auto" in lines["host gpu2"]
+    assert "a host id range per session" in lines["host gpu2"]
+    # a host whose engine changes is described by its new engine
+    file.write_text(file.read_text().replace('engine = "podman"\n', ""))
+    assert main(["config", "validate", "--config", str(file)]) == 0
+    output = capsys.readouterr().out
+    assert "host gpu2: isolation: docker userns-remap" in output

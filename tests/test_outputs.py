@@ -340,10 +340,14 @@ def test_a_full_output_disk_refuses_new_sessions_and_spares_running_ones(
             output_root=small_disk / "output",
             free_warn="50%",
             free_refuse="25%",
-            session_quota="1g",  # tmpfs: not applied, said plainly
+            # no cap: the session itself fills the disk here (caps: test_output_cap.py)
+            session_quota="none",
         ),
     )
-    warnings = disk_warnings(site.config)
+    with_cap = dataclasses.replace(
+        site.config, storage=dataclasses.replace(site.config.storage, session_quota="4m")
+    )
+    warnings = disk_warnings(with_cap)
     assert any("tmpfs, which has no project quotas" in warning for warning in warnings)
     assert not any("same filesystem" in warning for warning in warnings)
     runtime = site.runtime()
@@ -655,7 +659,7 @@ session_quota = "100g"
     )
     assert main(["config", "validate", "--config", str(config_file)]) == 0
     output = capsys.readouterr().out
-    assert "warning: storage.session_quota cannot be applied" in output
+    assert "warning: storage.session_quota is kept with a filesystem image" in output
     assert "tmpfs, which has no project quotas" in output
 
 

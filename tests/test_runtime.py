@@ -295,7 +295,7 @@ def test_a_session_gives_ssh_with_sudo_inputs_and_ftp(site: Site) -> None:
         # the session names its GPUs (none here) for CUDA and the NVIDIA runtime
         assert run(client, "echo $NVIDIA_VISIBLE_DEVICES")[1].strip() == "void"
         # both keys arrived; no key line leaked into the login environment
-        assert run(client, "wc -l < /etc/ssh/authorized_keys/alice")[1].strip() == "2"
+        assert run(client, "wc -l < /etc/gpuresa/session/authorized_keys")[1].strip() == "2"
         environment = run(client, "cat /etc/environment")[1]
         assert "NVIDIA_VISIBLE_DEVICES=" in environment and "ssh-ed25519" not in environment
         assert "GPURESA_" not in environment

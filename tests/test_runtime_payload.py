@@ -200,7 +200,6 @@ def test_main_payload_is_exactly_this() -> None:
     main = MainContainer(
         image="gpuresa/pytorch:12.4-abc",
         uid=20123,
-        authorized_keys="ssh-ed25519 AAAAkey alice@laptop\n",
         output_dir=Path("/srv/output/alice/x"),
         session_files=Path("/var/lib/gpuresa/sessions/evt-1"),
         command=("python3", "-m", "digits"),
@@ -213,7 +212,6 @@ def test_main_payload_is_exactly_this() -> None:
         "Hostname": "gpu1-pytorch",
         "Env": [
             "CUDA_VISIBLE_DEVICES=0,1",
-            "GPURESA_AUTHORIZED_KEYS=ssh-ed25519 AAAAkey alice@laptop",
             "GPURESA_CUDA=12.4",
             "GPURESA_GPUS=1,3",
             "GPURESA_INPUTS=/data:/models",
@@ -357,7 +355,6 @@ def test_no_payload_is_privileged_or_reaches_the_docker_socket(mode: str) -> Non
     main = MainContainer(
         "image",
         20123,
-        "ssh-ed25519 AAAA x",
         Path("/srv/output/a"),
         Path("/var/lib/gpuresa/sessions/a"),
         gpu=gpu,
@@ -476,7 +473,6 @@ def test_podman_sessions_ask_for_a_namespace_of_their_own_and_the_sidecar_shares
     main = MainContainer(
         image="gpuresa/pytorch:1",
         uid=20123,
-        authorized_keys="ssh-ed25519 AAAA alice",
         output_dir=Path("/srv/output/alice/x"),
         session_files=Path("/var/lib/gpuresa/sessions/evt-1"),
         engine_settings=podman.main_settings(config.limits),

@@ -234,7 +234,7 @@ class StorageConfig:
     ftp_tls_key: Path | None = None
     free_warn: str = Field("10%", check=lambda value: _free_space(value))
     free_refuse: str = Field("3%", check=lambda value: _free_space(value))
-    session_quota: str | None = Field(None, check=lambda value: _size(value))
+    session_quota: str | None = Field("auto", check=lambda value: _quota(value))
 
 
 def _port_or_off(value: int) -> str | None:
@@ -282,6 +282,12 @@ def _at_least_size(value: object, minimum: int) -> str | None:
     if isinstance(value, Size) and value.bytes < minimum:
         return f"must be at least {Size(minimum)}"
     return None
+
+
+def _quota(value: str | None) -> str | None:
+    if value is not None and value.lower() in ("auto", "none"):
+        return None
+    return _size(value)
 
 
 def _size(value: str | None) -> str | None:

@@ -5,7 +5,8 @@
 A full output disk must never stop the journal: `shares_state_disk` tells
 when the state directory sits on the same filesystem, so the daemon can warn.
 
-Per-session caps use project quotas (XFS, or ext4 mounted with prjquota): the
+Per-session caps use project quotas where the disk has them (else an image
+per session, see `capped`) (XFS, or ext4 mounted with prjquota): the
 folder gets a project id (FS_IOC_FSSETXATTR with PROJINHERIT, so everything
 made below it counts) and the limit is set with quotactl(Q_SETQUOTA, PRJQUOTA).
 Both are system calls made here through ctypes and fcntl, because the usual
@@ -240,22 +241,6 @@ def set_session_quota(path: Path, limit: int, mount: Mount) -> None:
     log.info("output %s capped at %s (project %d)", path, gibibytes(limit), project)
 
 
-def apply_session_quota(config: Config, path: Path, key: str) -> None:
-    """Cap a new session's output folder at storage.session_quota; logs, never raises."""
-    limit_text = config.storage.session_quota
-    if limit_text is None:
-        return
-    mount = mount_of(path)
-    problem = quota_problem(mount)
-    if problem is not None:
-        log.warning("%s: storage.session_quota is not applied: %s", key, problem)
-        return
-    try:
-        set_session_quota(path, free_bytes(limit_text, 0), mount)
-    except OSError as error:
-        log.warning("%s: storage.session_quota could not be applied to %s: %s", key, path, error)
-
-
 def disk_warnings(config: Config) -> list[str]:
     """What the daemon says at start about the output disk: shared with the journal, no quotas."""
     storage = config.storage
@@ -266,10 +251,13 @@ def disk_warnings(config: Config) -> list[str]:
             f"daemon.state_dir ({config.daemon.state_dir}): users filling it would stop the "
             "journal and the calendar snapshots; put the outputs on a filesystem of their own"
         )
-    if storage.session_quota is not None:
+    if (storage.session_quota or "none").lower() != "none":
         problem = quota_problem(mount_of(storage.output_root))
         if problem is not None:
-            warnings.append(f"storage.session_quota cannot be applied: {problem}")
+            warnings.append(
+                f"storage.session_quota is kept with a filesystem image per session "
+                f"(loop mount) instead of project quotas: {problem}"
+            )
     return warnings
 
 

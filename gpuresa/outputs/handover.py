@@ -20,10 +20,11 @@ from pathlib import Path
 from gpuresa.access import AccessError
 from gpuresa.config.sections import Config
 from gpuresa.model import Session
+from gpuresa.outputs.capped import release_capped
 from gpuresa.outputs.owners import output_owner, prepare_login_folder
 from gpuresa.outputs.records import OutputRecords
 from gpuresa.runtime.output import hand_over
-from gpuresa.runtime.output_area import Pending, forget, pending, stored_path
+from gpuresa.runtime.output_area import Pending, forget, pending, running_path, stored_path
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,12 @@ def retry_pending(
 def _finish(config: Config, item: Pending, now: datetime) -> str | None:
     """Hand `item` over and move it to its final place; returns what went wrong, or None."""
     key, final = item.key, item.final
+    try:
+        # a capped output is first copied out of its image into its folder
+        release_capped(config, key, running_path(config, key), item.folder)
+    except OSError as error:
+        log.error("%s: output stays in its image (root-only): %s", key, error)
+        return f"it cannot be copied out of its image: {error}"
     source = item.folder if item.folder.is_dir() and not item.folder.is_symlink() else final
     if not source.is_dir() or source.is_symlink():
         log.warning("%s: output folder %s is gone; nothing to hand over", key, final)

@@ -135,7 +135,7 @@ def ensure_area(config: Config) -> Path:
             os.chmod(folder, AREA_MODE)
         if area_problem(path) is None:
             return path
-        if not _in_host_namespace():
+        if not in_host_namespace():
             raise SessionError(
                 f"{path} is not a nosuid, nodev mount and this process cannot make it one "
                 "(it runs in a mount namespace of its own): run `gpuresa outputs prepare-area` "
@@ -152,7 +152,7 @@ def ensure_area(config: Config) -> Path:
     return path
 
 
-def _in_host_namespace() -> bool:
+def in_host_namespace() -> bool:
     """Whether this process mounts where the engines see it (unknown: try, the mount says)."""
     try:
         return os.readlink("/proc/self/ns/mnt") == os.readlink("/proc/1/ns/mnt")

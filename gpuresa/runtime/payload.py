@@ -291,7 +291,6 @@ class MainContainer:
 
     image: str
     uid: int
-    authorized_keys: str
     output_dir: Path
     session_files: Path
     command: tuple[str, ...] = ()
@@ -322,7 +321,6 @@ def main_payload(
         "GPURESA_SESSION": spec.key,
         "GPURESA_USER": spec.user,
         "GPURESA_UID": str(main.uid),
-        "GPURESA_AUTHORIZED_KEYS": main.authorized_keys.rstrip("\n"),
         "GPURESA_TEMPLATE": spec.template,
         "GPURESA_CUDA": spec.cuda or "",
         "GPURESA_GPUS": format_gpus(spec.gpus) or "none",

@@ -12,9 +12,19 @@ and `/etc/motd` point there. gpuresa rewrites these files when the end moves
 or a warning is due, and never runs anything in the container to do it (the
 user is root there and may have replaced any program).
 
+The session's authorized keys are there too (`authorized_keys`): sshd reads
+them with `AuthorizedKeysCommand` (see templates/access/sshd_config), never
+from the container's own layer, which on Docker belongs to the one host uid
+that is root in every session. The file stays root's on the host, so it shows
+as nobody's in the session; sshd's ownership checks (StrictModes) apply to
+`AuthorizedKeysFile` only, not to what a command prints, so nothing of it has
+to be given to the session's root.
+
 The user cannot use the folder against the host: it is read-only in the
 container, owned by root on the host (nobody in the container's user
-namespace), and in a folder only root can write. Files are written through a
+namespace), and below `sessions/`, which is root's with mode 0700: no host
+process (not even one running as a session's root uid) reaches it by its
+path, and the mount in the session is read-only. Files are written through a
 descriptor of the folder (opened without following links), into a fresh file
 made with O_EXCL|O_NOFOLLOW, then renamed over the old one.
 """
@@ -40,6 +50,11 @@ from gpuresa.runtime.payload import safe_key, utc_text
 log = logging.getLogger(__name__)
 
 FOLDER_MODE = 0o755
+# `<state_dir>/sessions` itself: only root traverses it (the containers reach their
+# own folder through its bind mount, which does not check the folders above)
+ROOT_MODE = 0o700
+# the session's authorized keys, read by sshd's AuthorizedKeysCommand
+KEYS = "authorized_keys"
 # the login gate's file name (see the module)
 GATE = "nologin"
 FILE_MODE = 0o644
@@ -118,6 +133,14 @@ class SessionFiles:
             _write(folder, "motd", motd_text(facts, timezone))
         return self.path(key)
 
+    def show_keys(self, key: str, text: str) -> None:
+        """Write the public keys that may log in to session `key` (authorized_keys lines).
+
+        Raises `SessionError` when the folder cannot be made or written safely.
+        """
+        with self._folder(key) as folder:
+            _write(folder, KEYS, text.rstrip("\n") + "\n")
+
     def show_message(self, key: str, text: str, now: datetime) -> None:
         """Keep `text` as the session's last message (`message`, with when it was sent)."""
         with self._folder(key) as folder:
@@ -168,9 +191,11 @@ class SessionFiles:
         """A descriptor of the session's folder, made if missing, checked to be root's alone."""
         path = self.path(key)
         try:
-            self.root.mkdir(mode=FOLDER_MODE, parents=True, exist_ok=True)
+            self.root.mkdir(mode=ROOT_MODE, parents=True, exist_ok=True)
             parent = _open_folder(self.root)
             try:
+                # an older install made it 0755: closed on every write
+                os.fchmod(parent, ROOT_MODE)
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(path.name, FOLDER_MODE, dir_fd=parent)
                 folder = _open_folder(Path(path.name), parent)

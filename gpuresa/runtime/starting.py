@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING
 
 from gpuresa.access import AccessError, authorized_keys, container_uid, ftp_credentials
 from gpuresa.model import Session, SessionSpec
+from gpuresa.outputs.capped import cap_output
 from gpuresa.outputs.credentials import HostCredentials
-from gpuresa.outputs.disk import apply_session_quota, start_refusal
+from gpuresa.outputs.disk import start_refusal
 from gpuresa.outputs.host_ca import HostCA
 from gpuresa.runtime.engine import dumps
 from gpuresa.runtime.errors import EngineTimeout, ImageMissing, PortRefused, SessionError
@@ -103,12 +104,15 @@ def prepare_session(
     with contextlib.suppress(FileExistsError):
         (runtime.config.storage.output_root / spec.user).mkdir(mode=0o750)
     remember(runtime.config, key, spec.user, output_dir)
-    apply_session_quota(runtime.config, running, key)
+    # the cap comes before anything of the session's can write there (refused without room)
+    cap_output(runtime.config, key, running, len(spec.gpus), len(runtime.host_gpus()))
     labelled = dataclasses.replace(spec, cuda=variant.name)
     runtime.ends.forget(key)
     files = runtime.files.show_facts(
         key, runtime.facts(labelled), runtime.config.reservations.timezone
     )
+    # the keys are a root-only host file mounted read-only, never the container's own
+    runtime.files.show_keys(key, keys)
     labels = session_labels(labelled, uid, output_dir, credentials.user)
     host_credentials = HostCredentials(runtime.config)
     host_keys = files / HOST_KEYS_FOLDER
@@ -117,7 +121,6 @@ def prepare_session(
     main = MainContainer(
         image=image,
         uid=uid,
-        authorized_keys=keys,
         output_dir=running,
         session_files=files,
         command=template.command or (),

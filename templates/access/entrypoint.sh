@@ -1,10 +1,10 @@
 #!/bin/sh
 # Start-up of a gpuresa session container (docker-init runs it as PID 1's child).
-# Given by gpuresa in the environment: GPURESA_USER, GPURESA_UID, the
-# authorized keys; arguments: the template's command, if any.
-# Makes the login (once: a restarted container keeps it), its keys and sudo
-# rule, then runs sshd in the foreground with the session's host key. The
-# banner, motd and end time are not made here: gpuresa writes them on the
+# Given by gpuresa in the environment: GPURESA_USER, GPURESA_UID; arguments:
+# the template's command, if any.
+# Makes the login (once: a restarted container keeps it) and its sudo rule,
+# then runs sshd in the foreground with the session's host key. The banner,
+# motd, end time and the user's authorized keys are not made here: gpuresa writes them on the
 # host, in the folder mounted read-only at /etc/gpuresa/session.
 set -eu
 
@@ -37,9 +37,8 @@ printf '%s ALL=(ALL:ALL) NOPASSWD: ALL\nDefaults:%s secure_path="%s"\n' \
     "$login" "$login" "$PATH" >/etc/sudoers.d/gpuresa
 chmod 0440 /etc/sudoers.d/gpuresa
 
-printf '%s\n' "${GPURESA_AUTHORIZED_KEYS:?GPURESA_AUTHORIZED_KEYS is not set}" \
-    >"/etc/ssh/authorized_keys/$login"
-chmod 0644 "/etc/ssh/authorized_keys/$login"
+[ -s /etc/gpuresa/session/authorized_keys ] ||
+    fail "/etc/gpuresa/session/authorized_keys is missing (gpuresa writes it on the host)"
 
 # --- the host key: the session's own when gpuresa mounts it, with its certificate
 # (signed by the host's CA for this session's time; sshd re-executes itself for
@@ -100,7 +99,7 @@ if [ "$#" -gt 0 ]; then
     echo "gpuresa entrypoint: starting the template's command as $login: $*" >&2
     (
         cd "$home"
-        exec env -u GPURESA_AUTHORIZED_KEYS HOME="$home" USER="$login" LOGNAME="$login" \
+        exec env HOME="$home" USER="$login" LOGNAME="$login" \
             setpriv --reuid="$uid" --regid="$uid" --init-groups -- "$@"
     ) >>/var/log/gpuresa/command.log 2>&1 &
 fi

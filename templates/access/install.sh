@@ -25,8 +25,11 @@ fi
 
 # A host key per session: gpuresa mounts the session's own; none may come from the image.
 rm -f /etc/ssh/ssh_host_*
-mkdir -p /run/sshd /etc/ssh/authorized_keys /etc/gpuresa /var/log/gpuresa
-chmod 0755 /etc/ssh/authorized_keys
+mkdir -p /run/sshd /etc/gpuresa /var/log/gpuresa
+# sshd's AuthorizedKeysCommand runs as this account, which does nothing else
+getent passwd gpuresa-keys >/dev/null ||
+    useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin \
+        --user-group gpuresa-keys
 cp /opt/gpuresa/sshd_config /etc/ssh/sshd_config
 rm -rf /etc/ssh/sshd_config.d
 

@@ -1,0 +1,230 @@
+"""A cap on each running session's output where the disk has no project quotas.
+
+Project quotas (`disk.set_session_quota`) need XFS or ext4 mounted with
+prjquota, which a freshly installed machine does not have. Elsewhere each
+session's running output is a filesystem of its own: a sparse file
+`<output_root>/.running-store/<safe key>.img` (root's, in the root-only
+store), made with mkfs.ext4 and mounted with loop, nosuid and nodev at the
+running path. A session that fills it gets ENOSPC, its user and its root alike
+(no blocks are reserved for root), and the output disk loses only what was
+written.
+
+The image is sparse, so its cap is promised, not taken: `cap_refusal` counts
+what every running image may still grow (its size less what it holds) and
+refuses a new session whose cap would leave less than `free_refuse` free.
+
+At the end the output is copied out of the image into its folder of the
+store (`cp -a`: links stay links, nothing is followed), and the image is
+unmounted and removed; the hand-over then works on that folder as for any
+output. A copy costs time for big outputs, but keeps one simple state after
+the end (a plain folder, served by the output service, pruned by deleting):
+an image kept mounted for the retention period would need mounts again after
+each reboot, mount propagation into the output service's container and
+unmounts before every prune. The copy is made before the image goes, so a
+daemon killed at any point leaves the image and the record (see
+`output_area.remember`), and the next maintenance round copies it again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import subprocess
+from pathlib import Path
+
+from gpuresa.config.sections import Config
+from gpuresa.outputs.disk import free_bytes, gibibytes, measure, mount_of, quota_problem
+from gpuresa.runtime.errors import SessionError
+from gpuresa.runtime.output_area import in_host_namespace, store
+from gpuresa.runtime.payload import safe_key
+
+log = logging.getLogger(__name__)
+
+# what "auto" never goes below: a cap smaller than this is a refusal
+SMALLEST_AUTO_CAP = 1024**3
+# "auto" on a host without GPUs (demos, tests): the share of one session in this many
+SHARES_WITHOUT_GPUS = 8
+MOUNT_OPTIONS = "loop,nosuid,nodev"
+# mkfs of a sparse image: no discard pass, inode tables and journal zeroed lazily
+MKFS = (
+    "mkfs.ext4",
+    "-q",
+    "-F",
+    "-m",
+    "0",
+    "-E",
+    "lazy_itable_init=1,lazy_journal_init=1,nodiscard",
+)
+TIMEOUT = 120.0
+
+
+def image_path(config: Config, key: str) -> Path:
+    """Session `key`'s output image, in the root-only store (never mounted in a session)."""
+    return store(config) / f"{safe_key(key)}.img"
+
+
+def committed_bytes(config: Config) -> int:
+    """What the images of the store may still grow: their sizes less the blocks they hold."""
+    total = 0
+    with contextlib.suppress(OSError):
+        for image in store(config).glob("*.img"):
+            details = image.lstat()
+            total += max(0, details.st_size - details.st_blocks * 512)
+    return total
+
+
+def session_cap(config: Config, booked_gpus: int, host_gpus: int) -> int | None:
+    """The cap of a new session's output in bytes, or None for no cap.
+
+    `session_quota` is a size, "none", or "auto": what the output disk has
+    free above `free_refuse` (less what running images may still grow) times
+    the booked GPUs over the host's GPUs (a session without GPUs counts one;
+    a host without GPUs gives each session 1/`SHARES_WITHOUT_GPUS`).
+    Raises `OSError` when the disk cannot be measured for "auto".
+    """
+    text = (config.storage.session_quota or "none").strip().lower()
+    if text == "none":
+        return None
+    if text != "auto":
+        return free_bytes(text, 0)
+    state = measure(config.storage, config.daemon.state_dir)
+    room = state.free - free_bytes(config.storage.free_refuse, state.total)
+    room -= committed_bytes(config)
+    shares = host_gpus or SHARES_WITHOUT_GPUS
+    share = max(1, booked_gpus) / max(shares, booked_gpus)
+    return max(0, int(room * share))
+
+
+def cap_refusal(config: Config, limit: int) -> str | None:
+    """Why a new output image of `limit` bytes may not be made now, or None."""
+    try:
+        state = measure(config.storage, config.daemon.state_dir)
+    except OSError as error:
+        return f"the output disk cannot be measured: {error}"
+    keep = free_bytes(config.storage.free_refuse, state.total)
+    promised = committed_bytes(config)
+    if limit < SMALLEST_AUTO_CAP and (config.storage.session_quota or "") == "auto":
+        return (
+            f"the output disk has no room for another session's output: {state.summary}, "
+            f"{gibibytes(promised)} promised to running sessions, storage.free_refuse "
+            f"({config.storage.free_refuse}) kept free"
+        )
+    if state.free - promised - limit < keep:
+        return (
+            f"the output disk cannot hold another session's output cap of {gibibytes(limit)}: "
+            f"{state.summary}, {gibibytes(promised)} promised to running sessions, "
+            f"storage.free_refuse ({config.storage.free_refuse}) kept free"
+        )
+    return None
+
+
+def _run(*command: str) -> None:
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise OSError(f"{command[0]}: {error}") from None
+    if result.returncode != 0:
+        raise OSError(f"{' '.join(command[:2])}…: {result.stderr.strip() or result.returncode}")
+
+
+def mount_capped(config: Config, key: str, folder: Path, limit: int) -> None:
+    """Mount a fresh (or the existing) image of `limit` bytes at the running `folder`.
+
+    Nothing happens when `folder` is already a mount (a session made again).
+    Raises `SessionError` with the reason when there is no room, no free loop
+    device, or mkfs or mount fails (the image is then removed again).
+    """
+    if os.path.ismount(folder):
+        return
+    if not in_host_namespace():
+        # a mount made here would not be seen by the engine: the cap would only seem kept
+        log.warning(
+            "%s: storage.session_quota is not kept: this process runs in a mount namespace "
+            "of its own (the unit's hardening), where a loop mount does not reach the engine",
+            key,
+        )
+        return
+    image = image_path(config, key)
+    made = False
+    try:
+        if not image.exists():
+            refusal = cap_refusal(config, limit)
+            if refusal is not None:
+                raise SessionError(f"session {key}: {refusal}")
+            descriptor = os.open(image, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            made = True
+            try:
+                os.ftruncate(descriptor, limit)
+            finally:
+                os.close(descriptor)
+            _run(*MKFS, str(image))
+        _run("mount", "-t", "ext4", "-o", MOUNT_OPTIONS, str(image), str(folder))
+        # mkfs's lost+found would be the first thing in the user's output
+        with contextlib.suppress(OSError):
+            (folder / "lost+found").rmdir()
+    except OSError as error:
+        if made:
+            image.unlink(missing_ok=True)
+        raise SessionError(
+            f"session {key}: its output cannot be capped at {gibibytes(limit)} "
+            f"(a filesystem image mounted with loop): {error}"
+        ) from None
+    log.info("%s: output %s capped at %s (image %s)", key, folder, gibibytes(limit), image)
+
+
+def cap_output(config: Config, key: str, folder: Path, booked_gpus: int, host_gpus: int) -> None:
+    """Cap session `key`'s running output `folder`: project quota, else an image.
+
+    Raises `SessionError` when the cap cannot be kept (no room on the disk, no
+    loop device, mkfs or mount failed): a session never runs uncapped when
+    a cap is configured.
+    """
+    from gpuresa.outputs.disk import set_session_quota
+
+    try:
+        limit = session_cap(config, booked_gpus, host_gpus)
+    except OSError as error:
+        raise SessionError(f"session {key}: the output disk cannot be measured: {error}") from None
+    if limit is None:
+        return
+    mount = mount_of(folder)
+    if quota_problem(mount) is None:
+        try:
+            set_session_quota(folder, limit, mount)
+            return
+        except OSError as error:
+            log.warning("%s: project quota refused (%s); using an image instead", key, error)
+    mount_capped(config, key, folder, limit)
+
+
+def release_capped(config: Config, key: str, running: Path, stored: Path) -> None:
+    """Copy an ended session's image into `stored`, then unmount and remove it.
+
+    Nothing happens when the session has no image. Given the running path
+    (where the image may still be mounted) and the store's folder (the
+    hand-over's source, made if missing). Raises `OSError` when the copy,
+    mount or unmount fails: the image stays, and the hand-over is retried.
+    """
+    image = image_path(config, key)
+    if not image.is_file():
+        return
+    # a mount at the running path shows in the store too (one filesystem, shared
+    # peers): both go before the copy, which then reads a private mount of its own
+    for point in (running, stored):
+        while os.path.ismount(point):
+            _run("umount", str(point))
+    reader = store(config) / f".{safe_key(key)}.copy"
+    reader.mkdir(mode=0o700, exist_ok=True)
+    stored.mkdir(mode=0o700, exist_ok=True)
+    try:
+        _run("mount", "-t", "ext4", "-o", MOUNT_OPTIONS, str(image), str(reader))
+        try:
+            _run("cp", "-a", "--sparse=always", "--no-target-directory", f"{reader}/", str(stored))
+        finally:
+            _run("umount", str(reader))
+    finally:
+        with contextlib.suppress(OSError):
+            reader.rmdir()
+    image.unlink()
+    log.info("%s: output copied out of its image into %s", key, stored)
