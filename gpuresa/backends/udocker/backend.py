@@ -121,45 +121,85 @@ class UdockerBackend:
         engine = Engine(None, base_url=udocker.image_engine_socket or kind.default_socket)
         return Images(self.config.templates, engine, self.config.daemon.host)
 
-    def image_name(self, spec: SessionSpec, build: bool = False) -> str | None:
-        """The image (repository:tag) of `spec`'s template; None when not built (never builds
-        unless `build`)."""
-        _, variant = resolve_template(self.config.templates, spec.template, spec.cuda)
-        archive = self._archive(spec.template, variant.name)
-        if archive is not None:
-            return tools.archive_name(archive)
-        images = self._engine_images()
-        if build:
-            return images.ensure_image(spec.template, variant.name)
-        return images.present_tag(spec.template, variant.name)
+    def archive(self, template: str, cuda: str | None) -> tuple[Path, str] | None:
+        """The image archive of a template's variant and the image it holds; None when the
+        image is not built yet (never builds)."""
+        _, variant = resolve_template(self.config.templates, template, cuda)
+        configured = self._archive(template, variant.name)
+        if configured is not None:
+            return (configured, tools.archive_name(configured)) if configured.exists() else None
+        name = self._engine_images().present_tag(template, variant.name)
+        if name is None:
+            return None
+        saved = self.root / "images" / f"{safe_key(name)}.tar"
+        return (saved, name) if saved.exists() else None
 
-    def provisioned(self, spec: SessionSpec) -> bool:
+    def image_present(self, template: str, cuda: str | None) -> bool:
+        """Whether sessions of the template's variant can start without a build or a save."""
         try:
-            name = self.image_name(spec)
+            return self.archive(template, cuda) is not None
         except SessionError:
             return False
-        return name is not None and tools.image_loaded(self.config, spec.user, name)
+
+    def ensure_image(self, template: str, cuda: str | None) -> str:
+        """Build the template's image with the image engine and save its archive (minutes)."""
+        _, variant = resolve_template(self.config.templates, template, cuda)
+        configured = self._archive(template, variant.name)
+        if configured is not None:
+            return tools.archive_name(configured)
+        name = self._engine_images().ensure_image(template, variant.name)
+        tools.ensure_folder(self.root / "images")
+        saved = self.root / "images" / f"{safe_key(name)}.tar"
+        if not saved.exists():
+            partial = saved.with_suffix(".part")
+            self._engine_images().engine.save_image(name, str(partial))
+            os.chmod(partial, 0o644)
+            os.replace(partial, saved)
+        return name
+
+    def ensure_ftp_image(self) -> str:
+        """udocker sessions have no FTP sidecar (their sshd serves SFTP): nothing to build."""
+        return ""
+
+    def provisioned(self, spec: SessionSpec) -> bool:
+        found = self.archive(spec.template, spec.cuda) if self.image_present(
+            spec.template, spec.cuda
+        ) else None  # fmt: skip
+        return found is not None and tools.image_loaded(self.config, spec.user, found[1])
 
     def provision(self, spec: SessionSpec) -> None:
-        """Build (or take the archive of) `spec`'s image and load it into the login's repository."""
-        account = self.account(spec)
-        _, variant = resolve_template(self.config.templates, spec.template, spec.cuda)
-        archive = self._archive(spec.template, variant.name)
-        name = self.image_name(spec, build=True)
-        assert name is not None
-        if archive is None:
-            tools.ensure_folder(self.root / "images")
-            archive = self.root / "images" / f"{safe_key(name)}.tar"
-            if not archive.exists():
-                partial = archive.with_suffix(".part")
-                self._engine_images().engine.save_image(name, str(partial))
-                os.chmod(partial, 0o644)
-                os.replace(partial, archive)
-        if tools.image_loaded(self.config, spec.user, name):
-            return
-        tools.ensure_repository(self.config, account)
-        tools.run_udocker(self.config, account, ["load", "-i", str(archive)], spec.key, 900)
-        log.info("%s: image %s loaded for %s", spec.key, name, spec.user)
+        """Build and save `spec`'s image when missing, and load it into the login's repository."""
+        self.ensure_image(spec.template, spec.cuda)
+        self._load(spec)
+
+    def _load(self, spec: SessionSpec) -> str:
+        """Load `spec`'s image into the login's repository when missing (seconds); its name."""
+        found = self.archive(spec.template, spec.cuda)
+        if found is None:
+            raise ImageMissing(
+                f"session {spec.key}: the image of {spec.template} is not built yet",
+                spec.template, spec.cuda,
+            )  # fmt: skip
+        archive, name = found
+        if not tools.image_loaded(self.config, spec.user, name):
+            account = self.account(spec)
+            tools.ensure_repository(self.config, account)
+            tools.run_udocker(self.config, account, ["load", "-i", str(archive)], spec.key, 900)
+            log.info("%s: image %s loaded for %s", spec.key, name, spec.user)
+        return name
+
+    # --- what the daemon asks of a Docker runtime, for udocker ------------------------------
+
+    def sessions_and_containers(self) -> tuple[list[Session], dict[str, tuple[str, str]]]:
+        """`list_sessions()`, and no containers for the GPU tracker to match by id."""
+        return self.list_sessions(), {}
+
+    def collect_garbage(self, busy: set[str]) -> list[str]:
+        return self.cleanup(busy)
+
+    def end_main(self, key: str) -> None:
+        """End the session's processes at once (it is made again by the daemon's next round)."""
+        self._end(key, finish=False)
 
     # --- reading sessions back -------------------------------------------------------------
 
@@ -224,12 +264,7 @@ class UdockerBackend:
         self.check_spec(spec)
         self.check()
         account = self.account(spec)
-        name = self.image_name(spec)
-        if name is None or not tools.image_loaded(self.config, spec.user, name):
-            raise ImageMissing(
-                f"session {key}: the image of {spec.template} is not loaded for {spec.user}",
-                spec.template, spec.cuda,
-            )  # fmt: skip
+        name = self._load(spec)
         refusal = start_refusal(self.config, key)
         if refusal is not None:
             raise SessionError(f"session {key}: {refusal}")
