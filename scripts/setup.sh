@@ -45,6 +45,10 @@ stamp_of() { cat pyproject.toml | sha256sum | cut -c1-16; }
     || die "gpuresa needs Python 3.11 or newer; $PYTHON is $("$PYTHON" --version 2>&1) (set PYTHON=...)"
 "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null || apt_install python3-venv
 command -v ssh-keygen >/dev/null 2>&1 || apt_install openssh-client
+# udocker sessions (engine = "udocker") run their containers with the host's runc (R1 mode)
+[ -x /usr/sbin/runc ] || apt_install runc
+# ... and the user's own sshd on the session's port, which enters the container
+[ -x /usr/sbin/sshd ] || apt_install openssh-server
 if [ ! -x .venv/bin/pip ]; then
     # also a .venv left half-made by a venv module without ensurepip
     say "creating .venv"

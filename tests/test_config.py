@@ -57,6 +57,7 @@ SECTIONS: dict[str, type] = {
     "storage": config_module.StorageConfig,
     "storage.inputs": config_module.InputMount,
     "limits": config_module.LimitsConfig,
+    "udocker": config_module.UdockerConfig,
     "notify": config_module.NotifyConfig,
     "telemetry": config_module.TelemetryConfig,
 }

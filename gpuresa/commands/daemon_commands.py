@@ -88,7 +88,8 @@ def _open_journal(config: Config) -> Journal:
 
 def status_report(config: Config, now: datetime) -> dict[str, Any]:
     """What `gpuresa status --json` prints: sessions from Docker, the rest from the journal."""
-    from gpuresa.runtime import Runtime, RuntimeUnavailable
+    from gpuresa.backends.factory import open_backend
+    from gpuresa.runtime import RuntimeUnavailable
 
     host = next((host for host in config.hosts if host.name == config.daemon.host), None)
     report: dict[str, Any] = {
@@ -97,7 +98,7 @@ def status_report(config: Config, now: datetime) -> dict[str, Any]:
         "engine": host.engine if host else "docker",
     }
     try:
-        sessions = Runtime(config).list_sessions()
+        sessions = open_backend(config).list_sessions()
         report["docker"] = "ok"
     except RuntimeUnavailable as error:
         sessions = []
@@ -295,16 +296,16 @@ def history_command(arguments: argparse.Namespace) -> int:
 
 
 def plan_command(arguments: argparse.Namespace) -> int:
+    from gpuresa.backends.factory import open_backend
     from gpuresa.daemon import journal_path
     from gpuresa.journal.store import Journal
     from gpuresa.planning.planner import Inventory, Memory, plan
     from gpuresa.reservations.calendars import Calendars
-    from gpuresa.runtime import Runtime
 
     config = load_config(arguments.config)
     now = parse_instant(arguments.at, "--at") if arguments.at else datetime.now(UTC)
     report = Calendars(config, persist=False).poll(now)
-    runtime = Runtime(config)
+    runtime = open_backend(config)
     sessions = runtime.list_sessions()
     inventory = Inventory(config.host(), runtime.host_gpus())
     known: frozenset[str] = frozenset()

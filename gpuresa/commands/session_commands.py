@@ -10,9 +10,10 @@ from __future__ import annotations
 import argparse
 import json
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 from zoneinfo import ZoneInfo
 
+from gpuresa.backends.factory import open_backend
 from gpuresa.commands.template_commands import docker_errors
 from gpuresa.config.schema import Invalid, parse_duration
 from gpuresa.config.sections import Config, load_config
@@ -95,7 +96,7 @@ def parse_gpu_list(text: str) -> tuple[int, ...]:
 
 def start_command(arguments: argparse.Namespace) -> int:
     config = load_config(arguments.config)
-    runtime = Runtime(config)
+    runtime = cast(Runtime, open_backend(config))
     now = datetime.now(UTC)
     end = parse_until(arguments.until, now, config.reservations.timezone)
     with docker_errors():
@@ -170,7 +171,7 @@ def _plain(session: Session) -> dict[str, Any]:
 def list_command(arguments: argparse.Namespace) -> int:
     config = load_config(arguments.config)
     with docker_errors():
-        sessions = Runtime(config).list_sessions()
+        sessions = open_backend(config).list_sessions()
     if arguments.json:
         print(json.dumps([_plain(session) for session in sessions], indent=2))
         return 0
@@ -206,7 +207,7 @@ def stop_command(arguments: argparse.Namespace) -> int:
             grace = parse_duration(arguments.grace)
         except Invalid as error:
             raise UserError(f"--grace: {error}") from None
-    runtime = Runtime(config)
+    runtime = cast(Runtime, open_backend(config))
     with docker_errors():
         session = runtime.session(arguments.key)
         runtime.stop(arguments.key, grace)

@@ -159,7 +159,7 @@ class HostConfig:
     """[[hosts]]: one GPU server, its GPUs and the ports its sessions may use."""
 
     name: str = Field(check=matches(NAME, "a host name"))
-    engine: Literal["docker", "podman"] = "docker"
+    engine: Literal["docker", "podman", "udocker"] = "docker"
     engine_socket: str | None = Field(
         None, check=matches(r"(unix|tcp|ssh)://\S+", "a URL such as unix:///run/podman/podman.sock")
     )
@@ -178,6 +178,25 @@ class HostConfig:
     ftp_passive_per_session: int = Field(3, check=at_least(1))
     driver_libraries: tuple[Path, ...] = ()
     driver_binaries: tuple[Path, ...] = (Path("/usr/bin/nvidia-smi"),)
+
+
+@dataclass(frozen=True)
+class UdockerConfig:
+    """[udocker]: how hosts with engine = "udocker" run sessions as their users, without a
+    root engine (see gpuresa/backends/udocker)."""
+
+    # the interpreter users run udocker with (gpuresa's own may not be readable by them)
+    python: Path = Path("/usr/bin/python3")
+    runc: Path = Path("/usr/sbin/runc")
+    # each login's udocker repository: <repositories>/<login> (default <state_dir>/udocker)
+    repositories: Path | None = None
+    # who builds the templates' images before they are saved and loaded into udocker
+    image_engine: Literal["docker", "podman", "none"] = "docker"
+    image_engine_socket: str | None = Field(
+        None, check=matches(r"(unix|tcp|ssh)://\S+", "a URL such as unix:///run/podman/podman.sock")
+    )
+    # image archives (docker/podman save, OCI) by "template" or "template:cuda"
+    images: Mapping[str, Path] = Field(factory=dict)
 
 
 @dataclass(frozen=True)
@@ -355,6 +374,7 @@ class Config:
     users: UsersConfig = UsersConfig()
     storage: StorageConfig = StorageConfig()
     limits: LimitsConfig = LimitsConfig()
+    udocker: UdockerConfig = UdockerConfig()
     notify: NotifyConfig = NotifyConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
     source: str = Field("<defaults>", expected="(set by the loader)")
@@ -429,6 +449,11 @@ def _cross_checks(config: Config) -> list[str]:
             problems.append(
                 f"hosts[{index}].gpu_mode: Podman has no NVIDIA device requests; "
                 'use "cdi" (NVIDIA Container Toolkit\'s CDI spec) or "devices"'
+            )
+        if host.engine == "udocker" and host.gpu_mode in ("nvidia", "cdi"):
+            problems.append(
+                f"hosts[{index}].gpu_mode: udocker sessions get GPUs as device nodes only; "
+                'use "devices" or "none"'
             )
         if len(host.ftp_passive_ports) < host.ftp_passive_per_session:
             problems.append(

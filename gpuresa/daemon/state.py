@@ -10,7 +10,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
+from typing import cast
 
+from gpuresa.backends.factory import open_backend
 from gpuresa.config.sections import Config
 from gpuresa.daemon.notices import Notices
 from gpuresa.daemon.work import Work
@@ -50,7 +52,8 @@ class Context:
         self.clock = clock
         self.journal = journal
         self.outbox = outbox
-        self.runtime = runtime or Runtime(config)
+        # a udocker host's backend answers what the daemon asks of a Runtime
+        self.runtime = runtime or cast(Runtime, open_backend(config))
         self.calendars = Calendars(config)
         self.notifier = Notifier(config.notify, config.users)
         self.notices = Notices(config, self.notifier, outbox)

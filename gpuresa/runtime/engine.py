@@ -212,6 +212,12 @@ class Engine:
             return None
         return str(attributes["Id"])
 
+    def save_image(self, reference: str, target: str) -> None:
+        """Write image `reference` as a `docker save` archive to the file `target` (slow)."""
+        with self._mapped(f"save image {reference}"), open(target, "wb") as archive:
+            for chunk in self.api.get_image(reference):
+                archive.write(chunk)
+
     def images(self, filters: Mapping[str, Any]) -> list[dict[str, Any]]:
         """Summaries (Id, RepoTags, Labels…) of the local images matching `filters`."""
         result: list[dict[str, Any]] = self._call(

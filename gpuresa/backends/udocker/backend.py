@@ -1,0 +1,527 @@
+"""Sessions without a root engine: udocker (runc mode), run as the booking login's own account.
+
+A session is: a udocker container in the login's own repository (`tools`),
+started as the login in a cgroup gpuresa owns (`cgroups`, `launch`), and the
+login's own sshd on the session's port whose ForceCommand enters the
+container. Inside, the login is root of the session's user namespace, which
+maps that one id onto the login's own host uid. What gpuresa keeps per session
+(`records`) and the cgroup tree are all a restarted daemon needs to adopt it.
+The banner, motd, end, message and login gate are the same host-written files
+as for the engines (`gpuresa.runtime.session_files`), mounted read-only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import time
+from collections.abc import Collection
+from datetime import UTC, datetime, timedelta
+from pathlib import Path, PurePosixPath
+
+from gpuresa.access import AccessError, Account, authorized_keys, host_account
+from gpuresa.backends.udocker import launch, tools
+from gpuresa.backends.udocker.cgroups import CGROUP_ROOT, SessionCgroup, listed
+from gpuresa.backends.udocker.records import Record, Records, write_file
+from gpuresa.config.sections import Config, HostConfig
+from gpuresa.model import Session, SessionSpec
+from gpuresa.outputs.disk import start_refusal
+from gpuresa.outputs.owners import output_owner, prepare_login_folder
+from gpuresa.runtime.engine import Engine
+from gpuresa.runtime.engines import engine_kind
+from gpuresa.runtime.errors import ImageMissing, SessionError
+from gpuresa.runtime.gpus import HostGpus, host_gpu_access
+from gpuresa.runtime.images import Images
+from gpuresa.runtime.output import output_path
+from gpuresa.runtime.payload import SESSION_FILES_TARGET, safe_key, utc_text
+from gpuresa.runtime.records import EndRecords
+from gpuresa.runtime.session_files import SessionFacts, SessionFiles, end_text
+from gpuresa.runtime.specs import check_spec, new_spec
+from gpuresa.runtime.templates import resolve_template
+
+log = logging.getLogger(__name__)
+
+SCRIPTS_TARGET = PurePosixPath("/opt/gpuresa-udocker")
+OUTPUT_MODE = 0o750
+
+
+class UdockerBackend:
+    """The sessions of a host with `engine = "udocker"` (see the module and the protocol)."""
+
+    def __init__(self, config: Config, cgroup_root: Path = CGROUP_ROOT) -> None:
+        self.config = config
+        self.root = tools.udocker_root(config)
+        self.records = Records(self.root / "sessions")
+        self.files = SessionFiles(config.daemon.state_dir / "sessions")
+        self.ends = EndRecords(config.daemon.state_dir / "sessions")
+        self.cgroup_root = cgroup_root
+        self._gpus = HostGpus()
+
+    @property
+    def host(self) -> HostConfig:
+        return self.config.host()
+
+    def cgroup(self, key: str) -> SessionCgroup:
+        return SessionCgroup(self.config.daemon.host, safe_key(key), self.cgroup_root)
+
+    # --- what the host has -----------------------------------------------------------------
+
+    def check(self) -> None:
+        """Refuse a host where sessions could not be confined: no runc, python3 or cgroups."""
+        udocker = self.config.udocker
+        for path, what in ((udocker.runc, "runc"), (udocker.python, "python3")):
+            if not os.access(path, os.X_OK):
+                raise SessionError(f"udocker.{what if what == 'runc' else 'python'}: {path} "
+                                   "is not an executable")  # fmt: skip
+        for name in ("pids", "memory", "cpu", "freezer"):
+            if not (self.cgroup_root / name / "cgroup.procs").exists():
+                raise SessionError(
+                    f"the host has no cgroup v1 {name} controller at {self.cgroup_root / name}: "
+                    "udocker sessions could not be stopped or limited"
+                )
+        for tool in ("setpriv", "setsid", "nsenter"):
+            if shutil.which(tool) is None:
+                raise SessionError(f"{tool} (util-linux) is not installed")
+
+    def host_gpus(self) -> tuple[int, ...]:
+        return self._gpus.indices(self.host)
+
+    def check_spec(self, spec: SessionSpec) -> None:
+        check_spec(self.config, spec, self.host_gpus())
+        self.account(spec)
+
+    def account(self, spec: SessionSpec) -> Account:
+        """The login's host account; `SessionError` when it has none (sessions run as it)."""
+        account = host_account(spec.user)
+        if account is None or account.uid == 0:
+            raise SessionError(
+                f"session {spec.key}: login {spec.user!r} has no account on host "
+                f"{spec.host}: udocker sessions run as the user's own account"
+            )
+        return account
+
+    # --- images ----------------------------------------------------------------------------
+
+    def _archive(self, template: str, cuda: str | None) -> Path | None:
+        images = self.config.udocker.images
+        return images.get(f"{template}:{cuda}") or images.get(template)
+
+    def _engine_images(self) -> Images:
+        udocker = self.config.udocker
+        if udocker.image_engine == "none":
+            raise ImageMissing(
+                "this host builds no images (udocker.image_engine = \"none\"): "
+                "name an archive in udocker.images", "", None,
+            )  # fmt: skip
+        kind = engine_kind(udocker.image_engine)
+        engine = Engine(None, base_url=udocker.image_engine_socket or kind.default_socket)
+        return Images(self.config.templates, engine, self.config.daemon.host)
+
+    def archive(self, template: str, cuda: str | None) -> tuple[Path, str] | None:
+        """The image archive of a template's variant and the image it holds; None when the
+        image is not built yet (never builds)."""
+        _, variant = resolve_template(self.config.templates, template, cuda)
+        configured = self._archive(template, variant.name)
+        if configured is not None:
+            return (configured, tools.archive_name(configured)) if configured.exists() else None
+        name = self._engine_images().present_tag(template, variant.name)
+        if name is None:
+            return None
+        saved = self.root / "images" / f"{safe_key(name)}.tar"
+        return (saved, name) if saved.exists() else None
+
+    def image_present(self, template: str, cuda: str | None) -> bool:
+        """Whether sessions of the template's variant can start without a build or a save."""
+        try:
+            return self.archive(template, cuda) is not None
+        except SessionError:
+            return False
+
+    def ensure_image(self, template: str, cuda: str | None) -> str:
+        """Build the template's image with the image engine and save its archive (minutes)."""
+        _, variant = resolve_template(self.config.templates, template, cuda)
+        configured = self._archive(template, variant.name)
+        if configured is not None:
+            return tools.archive_name(configured)
+        name = self._engine_images().ensure_image(template, variant.name)
+        tools.ensure_folder(self.root / "images")
+        saved = self.root / "images" / f"{safe_key(name)}.tar"
+        if not saved.exists():
+            partial = saved.with_suffix(".part")
+            self._engine_images().engine.save_image(name, str(partial))
+            os.chmod(partial, 0o644)
+            os.replace(partial, saved)
+        return name
+
+    def ensure_ftp_image(self) -> str:
+        """udocker sessions have no FTP sidecar (their sshd serves SFTP): nothing to build."""
+        return ""
+
+    def provisioned(self, spec: SessionSpec) -> bool:
+        found = self.archive(spec.template, spec.cuda) if self.image_present(
+            spec.template, spec.cuda
+        ) else None  # fmt: skip
+        return found is not None and tools.image_loaded(self.config, spec.user, found[1])
+
+    def provision(self, spec: SessionSpec) -> None:
+        """Build and save `spec`'s image when missing, and load it into the login's repository."""
+        self.ensure_image(spec.template, spec.cuda)
+        self._load(spec)
+
+    def _load(self, spec: SessionSpec) -> str:
+        """Load `spec`'s image into the login's repository when missing (seconds); its name."""
+        found = self.archive(spec.template, spec.cuda)
+        if found is None:
+            raise ImageMissing(
+                f"session {spec.key}: the image of {spec.template} is not built yet",
+                spec.template, spec.cuda,
+            )  # fmt: skip
+        archive, name = found
+        if not tools.image_loaded(self.config, spec.user, name):
+            account = self.account(spec)
+            tools.ensure_repository(self.config, account)
+            tools.run_udocker(self.config, account, ["load", "-i", str(archive)], spec.key, 900)
+            log.info("%s: image %s loaded for %s", spec.key, name, spec.user)
+        return name
+
+    # --- what the daemon asks of a Docker runtime, for udocker ------------------------------
+
+    def sessions_and_containers(self) -> tuple[list[Session], dict[str, tuple[str, str]]]:
+        """`list_sessions()`, and no containers for the GPU tracker to match by id."""
+        return self.list_sessions(), {}
+
+    def collect_garbage(self, busy: set[str]) -> list[str]:
+        return self.cleanup(busy)
+
+    def end_main(self, key: str) -> None:
+        """End the session's processes at once (it is made again by the daemon's next round)."""
+        self._end(key, finish=False)
+
+    # --- reading sessions back -------------------------------------------------------------
+
+    def _state(self, record: Record) -> str:
+        cgroup = self.cgroup(record.spec.key)
+        folder = self.records.folder(record.spec.key)
+        if launch.init_pid(cgroup, folder) is None:
+            return "stopped"
+        if launch.sshd_pid(cgroup, folder) is None:
+            return "stopped"
+        return "created" if self.files.gated(record.spec.key) else "running"
+
+    def _session(self, record: Record) -> Session:
+        return record.session(self._state(record), self.ends.recorded(record.spec.key))
+
+    def list_sessions(self) -> list[Session]:
+        host = self.config.daemon.host
+        sessions = [
+            self._session(record) for record in self.records.all() if record.spec.host == host
+        ]
+        return sorted(sessions, key=lambda session: (session.start, session.key))
+
+    def session(self, key: str) -> Session | None:
+        record = self.records.read(key)
+        return None if record is None else self._session(record)
+
+    # --- the life of a session -------------------------------------------------------------
+
+    def prepare(self, spec: SessionSpec, ready_timeout: float = 30) -> Session:
+        existing = self.session(spec.key)
+        if existing is not None and existing.state in ("created", "running"):
+            return existing
+        self.files.close_gate(spec.key, self._gate_text(spec))
+        return self._make(spec, ready_timeout)
+
+    def start(self, spec: SessionSpec, ready_timeout: float = 30) -> Session:
+        existing = self.session(spec.key)
+        if existing is None or existing.state == "stopped":
+            self.files.close_gate(spec.key, self._gate_text(spec))
+            existing = self._make(spec, ready_timeout)
+        if existing.state == "running":
+            return existing
+        record = self.records.read(spec.key)
+        assert record is not None
+        try:
+            keys = authorized_keys(spec.user, self.config.users)
+        except AccessError as error:
+            raise SessionError(f"session {spec.key}: {error}") from None
+        write_file(self.records.folder(spec.key) / "authorized_keys", keys)
+        self.files.open_gate(spec.key)
+        log.info("%s: let in (ssh port %d)", spec.key, spec.ssh_port)
+        return record.session("running", self.ends.recorded(spec.key))
+
+    def _gate_text(self, spec: SessionSpec) -> str:
+        timezone = self.config.reservations.timezone
+        return f"gpuresa: this session opens at {end_text(spec.start, timezone)}; try again then."
+
+    def _make(self, spec: SessionSpec, ready_timeout: float) -> Session:
+        """Make the session from nothing (what is left of an earlier one is removed first)."""
+        key = spec.key
+        deadline = time.monotonic() + max(ready_timeout, 30)
+        self.check_spec(spec)
+        self.check()
+        account = self.account(spec)
+        name = self._load(spec)
+        refusal = start_refusal(self.config, key)
+        if refusal is not None:
+            raise SessionError(f"session {key}: {refusal}")
+        try:
+            keys = authorized_keys(spec.user, self.config.users)
+        except AccessError as error:
+            raise SessionError(f"session {key}: {error}") from None
+        del keys  # checked now; written when the gate opens
+        gpu = host_gpu_access(self.host, spec.gpus)
+        self._end(key, finish=False)
+        output_dir = self._output(spec, account)
+        # a name of its own each time: the removal of an earlier one may still run
+        container = f"gpuresa-{safe_key(key)[:40]}-{secrets.token_hex(4)}"
+        record = Record(spec, account.uid, account.gid, output_dir, container)
+        folder = self.records.write(record)
+        self.ends.forget(key)
+        try:
+            files = self.files.show_facts(key, self.facts(spec), self.config.reservations.timezone)
+            write_file(folder / "authorized_keys", "")
+            host_key = self.records.host_key(key, account)
+            config_file = folder / "sshd_config"
+            address = self.host.bind_address or "0.0.0.0"
+            write_file(
+                config_file,
+                launch.sshd_config(spec.ssh_port, address, spec.user, folder, files, host_key),
+            )
+            tools.ensure_repository(self.config, account)
+            tools.run_udocker(
+                self.config, account, ["create", f"--name={container}", name], key, 600
+            )
+            tools.run_udocker(self.config, account, ["setup", "--execmode=R1", container], key)
+            cgroup = self.cgroup(key)
+            cgroup.create(self.config.limits)
+            self._start_container(spec, record, gpu.devices, gpu.mounts, gpu.environment, files)
+            launch.wait_for(
+                "the session's container",
+                lambda: launch.container_init(cgroup, account.uid),
+                deadline,
+            )
+            init = launch.container_init(cgroup, account.uid)
+            write_file(folder / "container.pid", f"{init}\n")
+            launch.spawn(
+                cgroup,
+                account,
+                ["/usr/sbin/sshd", "-D", "-e", "-f", str(config_file)],
+                {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "LANG": "C.UTF-8"},
+                folder / "sshd.log",
+            )
+            probe = "127.0.0.1" if address in ("0.0.0.0", "") else address
+            launch.wait_for(
+                f"sshd on port {spec.ssh_port}",
+                lambda: launch.ssh_answers(probe, spec.ssh_port),
+                deadline,
+            )
+            write_file(folder / "sshd.pid", f"{launch.find_listener(cgroup)}\n")
+        except SessionError as error:
+            logs = self._log_tail(folder)
+            self._end(key, finish=False)
+            raise SessionError(f"session {key} could not be prepared: {error}{logs}") from None
+        log.info(
+            "%s: prepared for %s as uid %d (udocker, template %s, GPUs %s, ssh %d)",
+            key, spec.user, account.uid, spec.template, list(spec.gpus), spec.ssh_port,
+        )  # fmt: skip
+        return record.session("created")
+
+    def _container_exists(self, account: Account, container: str) -> bool:
+        repo = tools.repository(self.config, account.login)
+        return (repo / "containers" / container).exists()
+
+    def _output(self, spec: SessionSpec, account: Account) -> Path:
+        """The session's output folder at its final place, the login's own from the start."""
+        final = output_path(self.config, spec)
+        try:
+            owner = output_owner(spec.user, self.config)
+            prepare_login_folder(self.config, owner)
+            # the login's folder is root's with the login's group (0750): the login passes
+            final.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+            final.mkdir(mode=OUTPUT_MODE, exist_ok=True)
+            if final.is_symlink() or not final.is_dir():
+                raise SessionError(f"output folder {final} is not a folder")
+            os.lchown(final, account.uid, account.gid)
+        except (AccessError, OSError) as error:
+            raise SessionError(f"cannot make output folder {final}: {error}") from None
+        return final
+
+    def _start_container(
+        self,
+        spec: SessionSpec,
+        record: Record,
+        devices: list[dict[str, str]],
+        mounts: list[dict[str, object]],
+        environment: dict[str, str],
+        files: Path,
+    ) -> None:
+        storage = self.config.storage
+        template, _ = resolve_template(self.config.templates, spec.template, spec.cuda)
+        volumes = [(str(files), str(SESSION_FILES_TARGET), True)]
+        volumes.append((str(tools.SCRIPTS), str(SCRIPTS_TARGET), True))
+        volumes += [(str(mount.source), str(mount.target), True) for mount in storage.inputs]
+        volumes.append((str(record.output_dir), str(storage.output_target), False))
+        volumes += self._driver_volumes(mounts)
+        arguments = ["run", "--nobanner"]
+        arguments += [f"--volume={source}:{target}" for source, target, _ in volumes]
+        arguments += [f"--device={device['PathOnHost']}" for device in devices]
+        values = {**environment, "GPURESA_USER": spec.user, "GPURESA_SESSION": spec.key}
+        arguments += [f"--env={name}={value}" for name, value in sorted(values.items())]
+        arguments += ["--entrypoint=/bin/sh", record.container, f"{SCRIPTS_TARGET}/session.sh"]
+        arguments += list(template.command or ())
+        readonly = [target for _, target, read_only in volumes if read_only]
+        account = host_account(spec.user) or Account(spec.user, record.uid, record.gid, Path("/"))
+        env = tools.environment(
+            self.config,
+            account,
+            {
+                "GPURESA_READONLY": json.dumps(readonly),
+                "GPURESA_SHM_SIZE": self.config.limits.shm_size,
+            },
+        )
+        folder = self.records.folder(spec.key)
+        launch.spawn(
+            self.cgroup(spec.key),
+            account,
+            tools.udocker_command(self.config, arguments),
+            env,
+            folder / "udocker.log",
+        )
+
+    def _driver_volumes(self, mounts: list[dict[str, object]]) -> list[tuple[str, str, bool]]:
+        """The driver's files, copied once per host into folders (udocker binds folders only)."""
+        volumes: dict[str, str] = {}
+        for mount in mounts:
+            source, target = Path(str(mount["Source"])), PurePosixPath(str(mount["Target"]))
+            folder = self.root / "driver" / target.parent.name
+            tools.ensure_folder(folder)
+            copy = folder / source.name
+            details = source.stat()
+            if not copy.exists() or copy.stat().st_size != details.st_size:
+                shutil.copy2(source, copy)
+            volumes[str(folder)] = str(target.parent)
+        return [(source, target, True) for source, target in volumes.items()]
+
+    def _log_tail(self, folder: Path) -> str:
+        tails = []
+        for name in ("udocker.log", "sshd.log"):
+            try:
+                text = (folder / name).read_text(errors="replace").strip()
+            except OSError:
+                continue
+            if text:
+                tails.append(f"\n--- {name}:\n" + "\n".join(text.splitlines()[-15:]))
+        return "".join(tails)
+
+    # --- the end of a session --------------------------------------------------------------
+
+    def stop(self, key: str, grace: timedelta) -> None:
+        record = self.records.read(key)
+        cgroup = self.cgroup(key)
+        if record is not None and grace > timedelta(0) and cgroup.exists():
+            folder = self.records.folder(key)
+            spared = launch.machinery(cgroup, folder)
+            targets = [pid for pid in cgroup.members() if pid not in spared]
+            sent = cgroup.signal(targets, signal.SIGTERM)
+            log.info("%s: SIGTERM sent to %d processes; waiting up to %s", key, sent, grace)
+            deadline = time.monotonic() + grace.total_seconds()
+            while time.monotonic() < deadline:
+                left = set(cgroup.members()) - launch.machinery(cgroup, folder)
+                if not left:
+                    break
+                time.sleep(launch.POLL * 2)
+        self._end(key, finish=True)
+
+    def kill(self, key: str) -> None:
+        self._end(key, finish=True)
+
+    def _end(self, key: str, finish: bool) -> None:
+        """Kill everything in the session's cgroup, remove its container and files."""
+        record = self.records.read(key)
+        cgroup = self.cgroup(key)
+        if cgroup.exists():
+            cgroup.kill_all()
+            cgroup.remove()
+        if record is None:
+            return
+        account = host_account(record.spec.user)
+        if account is not None and self._container_exists(account, record.container):
+            # its files go in the background, as the user: nothing of it runs any more
+            tools.remove_detached(self.config, account, record.container, key)
+        session = record.session("stopped", self.ends.recorded(key))
+        self.records.remove(key)
+        self.files.remove(key)
+        self.ends.forget(key)
+        if finish:
+            log.info("%s: stopped; output kept in %s", key, record.output_dir)
+            self.finish_stop(session)
+
+    def finish_stop(self, session: Session) -> None:
+        from gpuresa.outputs.handover import finish_output
+
+        finish_output(self.config, session)
+
+    # --- during a session ------------------------------------------------------------------
+
+    def message(self, key: str, text: str) -> None:
+        session = self.session(key)
+        if session is None or session.state != "running":
+            log.info("%s: not running; message not shown: %s", key, text)
+            return
+        try:
+            self.files.show_message(key, text, datetime.now(UTC))
+        except SessionError as error:
+            log.warning("%s: %s", key, error)
+        log.info("%s: message shown: %s", key, text)
+
+    def extend(self, key: str, end: datetime) -> None:
+        session = self.session(key)
+        if session is None:
+            log.info("%s: no session to extend", key)
+            return
+        self.ends.record(key, end)
+        self.files.show_facts(key, self.facts(session), self.config.reservations.timezone)
+        log.info("%s: now ends at %s", key, utc_text(end))
+
+    def facts(self, session: Session | SessionSpec) -> SessionFacts:
+        storage = self.config.storage
+        return SessionFacts(
+            user=session.user,
+            template=session.template,
+            cuda=session.cuda,
+            gpus=session.gpus,
+            end=self.ends.recorded(session.key) or session.end,
+            output_target=storage.output_target,
+            input_targets=tuple(mount.target for mount in storage.inputs),
+        )
+
+    def cleanup(self, busy: Collection[str]) -> list[str]:
+        """Remove cgroups of this host that no session record names (never a busy key's)."""
+        known = {safe_key(record.spec.key) for record in self.records.all()}
+        protected = {safe_key(key) for key in busy}
+        removed = []
+        for name in listed(self.config.daemon.host, self.cgroup_root):
+            if name in known or name in protected:
+                continue
+            cgroup = SessionCgroup(self.config.daemon.host, name, self.cgroup_root)
+            cgroup.kill_all()
+            cgroup.remove()
+            removed.append(f"cgroup {name}")
+        return removed
+
+    # --- for the admin commands ------------------------------------------------------------
+
+    def new_spec(self, user: str, template: str, end: datetime, **options: object) -> SessionSpec:
+        return new_spec(
+            self.config,
+            self.list_sessions(),
+            self.host_gpus(),
+            user,
+            template,
+            end,
+            **options,  # type: ignore[arg-type]
+        )

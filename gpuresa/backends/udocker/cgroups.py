@@ -1,0 +1,168 @@
+"""The cgroups gpuresa owns for each udocker session (cgroup v1 controllers).
+
+Every process of a session starts in `/sys/fs/cgroup/<controller>/gpuresa/<host>/<key>`
+(its first process writes itself there as root, then drops to the user): runc,
+run rootless, cannot make cgroups of its own there (the folders are root's), so
+the container and everything it forks stay in them, whatever sessions or
+process groups they make. A user cannot move a process out either: every
+other cgroup's `cgroup.procs` is root's. So the cgroup is the session, for
+limits (memory, CPU, processes), for finding its processes after a daemon
+restart, and for the stop: frozen (no fork escapes), SIGKILLed, thawed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from gpuresa.config.sections import LimitsConfig
+from gpuresa.runtime.errors import SessionError
+from gpuresa.runtime.payload import size_bytes
+
+log = logging.getLogger(__name__)
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+# the controllers a session is placed in; "devices" also where the host has it
+CONTROLLERS = ("pids", "memory", "cpu", "freezer")
+OPTIONAL = ("devices",)
+CPU_PERIOD_US = 100_000
+POLL = 0.05
+
+
+class SessionCgroup:
+    """The cgroup folders of one session, one per controller."""
+
+    def __init__(self, host: str, name: str, root: Path = CGROUP_ROOT) -> None:
+        self.root = root
+        self.relative = Path("gpuresa") / host / name
+
+    def folder(self, controller: str) -> Path:
+        return self.root / controller / self.relative
+
+    def controllers(self) -> list[str]:
+        """The controllers this host mounts (the required ones, and the optional present)."""
+        optional = [name for name in OPTIONAL if (self.root / name / "cgroup.procs").exists()]
+        return [*CONTROLLERS, *optional]
+
+    def procs_files(self) -> list[Path]:
+        """Every `cgroup.procs` a session's first process writes itself into."""
+        return [self.folder(name) / "cgroup.procs" for name in self.controllers()]
+
+    def exists(self) -> bool:
+        return self.folder("pids").is_dir()
+
+    def create(self, limits: LimitsConfig) -> None:
+        """Make the folders (root's, mode 0755) and write `limits`; raises `SessionError`."""
+        try:
+            for name in self.controllers():
+                self.folder(name).mkdir(mode=0o755, parents=True, exist_ok=True)
+            _write(self.folder("pids") / "pids.max", str(limits.pids))
+            if limits.memory is not None:
+                memory = size_bytes(limits.memory)
+                _write(self.folder("memory") / "memory.limit_in_bytes", str(memory))
+                # no swap beyond the limit where the kernel accounts it
+                swap = self.folder("memory") / "memory.memsw.limit_in_bytes"
+                if swap.exists():
+                    _write(swap, str(memory))
+            if limits.cpus is not None:
+                _write(self.folder("cpu") / "cpu.cfs_period_us", str(CPU_PERIOD_US))
+                _write(
+                    self.folder("cpu") / "cpu.cfs_quota_us", str(int(limits.cpus * CPU_PERIOD_US))
+                )
+        except OSError as error:
+            raise SessionError(
+                f"cannot make the session's cgroup {self.relative}: {error}"
+            ) from None
+
+    def deny_devices(self, devices: Iterable[tuple[str, int, int]]) -> None:
+        """Deny the session's processes these (type, major, minor) devices; needs "devices"."""
+        folder = self.folder("devices")
+        if not folder.is_dir():
+            return
+        for kind, major, minor in devices:
+            try:
+                _write(folder / "devices.deny", f"{kind} {major}:{minor} rwm")
+            except OSError as error:
+                raise SessionError(f"cannot deny device {major}:{minor}: {error}") from None
+
+    def members(self) -> list[int]:
+        """The pids in the session's cgroup (none when it is gone)."""
+        try:
+            text = (self.folder("pids") / "cgroup.procs").read_text()
+        except OSError:
+            return []
+        return [int(line) for line in text.split() if line.isdigit()]
+
+    def signal(self, pids: Iterable[int], number: signal.Signals) -> int:
+        """Send `number` to each of `pids` still in the cgroup; returns how many were sent."""
+        members = set(self.members())
+        sent = 0
+        for pid in pids:
+            if pid not in members:
+                continue
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, number)
+                sent += 1
+        return sent
+
+    def kill_all(self, settle: float = 10.0) -> bool:
+        """Freeze, SIGKILL every member, thaw; returns whether the cgroup emptied in `settle`.
+
+        Frozen first so nothing forks between the listing and the kill.
+        """
+        state = self.folder("freezer") / "freezer.state"
+        frozen = False
+        with contextlib.suppress(OSError):
+            _write(state, "FROZEN")
+            frozen = True
+        deadline = time.monotonic() + settle
+        while frozen and time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                if state.read_text().strip() == "FROZEN":
+                    break
+            time.sleep(POLL)
+        while True:
+            members = self.members()
+            for pid in members:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            if frozen:
+                with contextlib.suppress(OSError):
+                    _write(state, "THAWED")
+                    frozen = False
+            if not members:
+                return True
+            if time.monotonic() > deadline:
+                log.error("%s: %d processes outlived SIGKILL", self.relative, len(members))
+                return False
+            time.sleep(POLL)
+
+    def remove(self) -> None:
+        """Remove the (empty) folders; logs, never raises."""
+        for name in self.controllers():
+            folder = self.folder(name)
+            try:
+                folder.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError as error:
+                log.warning("cannot remove cgroup %s: %s", folder, error)
+
+
+def listed(host: str, root: Path = CGROUP_ROOT) -> list[str]:
+    """The names of this host's session cgroups (what a restarted daemon finds)."""
+    folder = root / "pids" / "gpuresa" / host
+    try:
+        return sorted(entry.name for entry in folder.iterdir() if entry.is_dir())
+    except OSError:
+        return []
+
+
+def _write(path: Path, text: str) -> None:
+    with path.open("w") as handle:
+        handle.write(text)

@@ -1,0 +1,171 @@
+"""What gpuresa keeps on disk for each udocker session: its record and its sshd's files.
+
+`<udocker root>/sessions/<safe key>/` is root's (mode 0755): `record.json` (the
+spec, the account, the container's name: what `list_sessions` of a restarted
+daemon rebuilds the session from), `sshd_config`, `authorized_keys` (empty
+while the login gate is closed), `container.pid` (the container's first
+process, which logins enter), and `ssh/` (the user's, mode 0700: the
+session's own SSH host key, which the user's sshd must read).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from gpuresa.access import Account
+from gpuresa.model import Session, SessionSpec
+from gpuresa.runtime.errors import SessionError
+from gpuresa.runtime.payload import parse_instant, safe_key, utc_text
+
+HOST_KEY = "ssh_host_ed25519_key"
+
+
+@dataclass(frozen=True)
+class Record:
+    """A session as gpuresa made it: its spec, who runs it, where its output is."""
+
+    spec: SessionSpec
+    uid: int
+    gid: int
+    output_dir: Path
+    container: str
+
+    def session(self, state: str, end: datetime | None = None) -> Session:
+        spec = self.spec
+        return Session(
+            key=spec.key,
+            user=spec.user,
+            host=spec.host,
+            template=spec.template,
+            cuda=spec.cuda,
+            gpus=spec.gpus,
+            start=spec.start,
+            end=end or spec.end,
+            ssh_port=spec.ssh_port,
+            ftp_port=spec.ftp_port,
+            ftp_passive_first=spec.ftp_passive_first,
+            ftp_passive_last=spec.ftp_passive_last,
+            state=state,
+            output_dir=self.output_dir,
+            email=spec.email,
+            containers=(self.container,),
+        )
+
+
+class Records:
+    """The session folders under `root` (`<udocker root>/sessions`)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def folder(self, key: str) -> Path:
+        return self.root / safe_key(key)
+
+    def write(self, record: Record) -> Path:
+        """Make the session's folder and write its record; returns the folder."""
+        folder = self.folder(record.spec.key)
+        spec = record.spec
+        values = {
+            "key": spec.key,
+            "user": spec.user,
+            "host": spec.host,
+            "template": spec.template,
+            "cuda": spec.cuda,
+            "gpus": list(spec.gpus),
+            "start": utc_text(spec.start),
+            "end": utc_text(spec.end),
+            "ssh_port": spec.ssh_port,
+            "ftp_port": spec.ftp_port,
+            "ftp_passive_first": spec.ftp_passive_first,
+            "ftp_passive_last": spec.ftp_passive_last,
+            "email": spec.email,
+            "uid": record.uid,
+            "gid": record.gid,
+            "output_dir": str(record.output_dir),
+            "container": record.container,
+        }
+        try:
+            self.root.mkdir(mode=0o755, parents=True, exist_ok=True)
+            folder.mkdir(mode=0o755, exist_ok=True)
+            write_file(folder / "record.json", json.dumps(values, indent=1) + "\n")
+        except OSError as error:
+            raise SessionError(f"cannot write the record of {spec.key}: {error}") from None
+        return folder
+
+    def read(self, key: str) -> Record | None:
+        return self._read(self.folder(key) / "record.json")
+
+    def all(self) -> list[Record]:
+        """Every readable record (an unreadable one is left out)."""
+        try:
+            files = sorted(self.root.glob("*/record.json"))
+        except OSError:
+            return []
+        return [record for path in files if (record := self._read(path)) is not None]
+
+    def _read(self, path: Path) -> Record | None:
+        try:
+            values = json.loads(path.read_text())
+            spec = SessionSpec(
+                key=str(values["key"]),
+                user=str(values["user"]),
+                host=str(values["host"]),
+                template=str(values["template"]),
+                cuda=values["cuda"],
+                gpus=tuple(int(index) for index in values["gpus"]),
+                start=parse_instant(values["start"]),
+                end=parse_instant(values["end"]),
+                ssh_port=int(values["ssh_port"]),
+                ftp_port=int(values["ftp_port"]),
+                ftp_passive_first=int(values["ftp_passive_first"]),
+                ftp_passive_last=int(values["ftp_passive_last"]),
+                email=values.get("email"),
+            )
+            return Record(
+                spec,
+                int(values["uid"]),
+                int(values["gid"]),
+                Path(values["output_dir"]),
+                str(values["container"]),
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def host_key(self, key: str, account: Account) -> Path:
+        """The session's own SSH host key (made once), the user's, for the user's sshd."""
+        folder = self.folder(key) / "ssh"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        os.chown(folder, account.uid, account.gid)
+        path = folder / HOST_KEY
+        if not path.exists():
+            subprocess.run(
+                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"gpuresa-{key}"[:60],
+                 "-f", str(path)],
+                check=True, capture_output=True, timeout=30,
+            )  # fmt: skip
+            for made in (path, path.with_suffix(".pub")):
+                os.chown(made, account.uid, account.gid)
+        return path
+
+    def remove(self, key: str) -> None:
+        shutil.rmtree(self.folder(key), ignore_errors=True)
+
+
+def write_file(path: Path, text: str, mode: int = 0o644) -> None:
+    """Replace `path` by a fresh root-owned file holding `text` (never following links)."""
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    descriptor = os.open(temporary, flags, mode)
+    try:
+        os.fchmod(descriptor, mode)
+        os.write(descriptor, text.encode())
+    finally:
+        os.close(descriptor)
+    os.replace(temporary, path)

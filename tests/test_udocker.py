@@ -1,0 +1,193 @@
+"""udocker sessions (engine = "udocker"): real udocker and runc, real host accounts, real sshd.
+
+Each test gets a host account of its own (useradd, removed after) and a site
+in a folder every user may traverse (pytest's own is root's alone). The image
+is the Docker-built pytorch template, saved and loaded into the account's
+udocker repository once per module. Users log in with paramiko.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import paramiko
+import pytest
+from conftest import BASE_IMAGE, TEST_HOST
+from test_runtime import free_block
+
+from gpuresa.backends.factory import open_backend
+from gpuresa.backends.udocker import UdockerBackend
+from gpuresa.config.sections import parse_config
+from gpuresa.model import Session
+from gpuresa.runtime import SessionError
+
+
+class Site:
+    def __init__(self, root: Path, login: str, gpu_mode: str = "none", gpus: Any = ()) -> None:
+        self.root, self.login = root, login
+        for folder in ("keys", "private", "input", "output", "state"):
+            (root / folder).mkdir(parents=True, exist_ok=True)
+            os.chmod(root / folder, 0o755)
+        (root / "input" / "dataset.csv").write_text("x,y\n1,2\n")
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / "private" / login)],
+            check=True,
+        )
+        (root / "private" / f"{login}.pub").rename(root / "keys" / f"{login}.pub")
+        first = free_block(20)
+        self.config = parse_config(
+            {
+                "daemon": {"host": TEST_HOST, "state_dir": str(root / "state")},
+                "hosts": [
+                    {
+                        "name": TEST_HOST,
+                        "engine": "udocker",
+                        "gpus": list(gpus),
+                        "gpu_mode": gpu_mode,
+                        "bind_address": "127.0.0.1",
+                        "ssh_ports": f"{first}-{first + 3}",
+                        "ftp_ports": f"{first + 4}-{first + 7}",
+                        "ftp_passive_ports": f"{first + 8}-{first + 19}",
+                        "ftp_passive_per_session": 3,
+                        "driver_binaries": [],
+                    }
+                ],
+                "templates": {"base_image": BASE_IMAGE},
+                "users": {"keys_dir": str(root / "keys"), "host_authorized_keys": False},
+                "storage": {
+                    "output_root": str(root / "output"),
+                    "inputs": [{"source": str(root / "input"), "target": "/data"}],
+                },
+                "limits": {"shm_size": "256m", "pids": 256, "memory": "1g"},
+            },
+            str(root / "config.toml"),
+        )
+
+    def backend(self) -> UdockerBackend:
+        backend = open_backend(self.config)
+        assert isinstance(backend, UdockerBackend)
+        return backend
+
+    def run(self, session: Session, command: str) -> tuple[int, str]:
+        client = paramiko.SSHClient()
+        client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+        key = paramiko.Ed25519Key.from_private_key_file(str(self.root / "private" / self.login))
+        client.connect("127.0.0.1", session.ssh_port, username=self.login, pkey=key,
+                       allow_agent=False, look_for_keys=False, timeout=15)  # fmt: skip
+        try:
+            _, out, err = client.exec_command(command, timeout=60)
+            text = out.read().decode() + err.read().decode()
+            return out.channel.recv_exit_status(), text
+        finally:
+            client.close()
+
+
+@pytest.fixture(name="login")
+def login_fixture() -> Iterator[str]:
+    """A host account of this test's own."""
+    login = f"ud{uuid.uuid4().hex[:8]}"
+    subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", login], check=True)
+    yield login
+    subprocess.run(["pkill", "-KILL", "-U", login], check=False)
+    subprocess.run(["userdel", "--remove", login], check=False, capture_output=True)
+
+
+@pytest.fixture(name="site")
+def site_fixture(login: str) -> Iterator[Site]:
+    root = Path(f"/tmp/gpuresa-udocker-{uuid.uuid4().hex[:8]}")
+    root.mkdir(mode=0o755)
+    site = Site(root, login)
+    yield site
+    backend = site.backend()
+    for session in backend.list_sessions():
+        backend.kill(session.key)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def spec_of(site: Site, backend: UdockerBackend, **options: Any) -> Any:
+    end = datetime.now(UTC) + timedelta(hours=1)
+    spec = backend.new_spec(site.login, "pytorch", end, **options)
+    backend.provision(spec)
+    return spec
+
+
+def test_a_session_runs_as_the_login_with_its_folders(site: Site) -> None:
+    backend = site.backend()
+    backend.check()
+    spec = spec_of(site, backend)
+    assert backend.provisioned(spec)
+    prepared = backend.prepare(spec)
+    assert prepared.state == "created"
+    with pytest.raises((paramiko.SSHException, EOFError, OSError)):
+        site.run(prepared, "true")
+    session = backend.start(spec)
+    code, text = site.run(
+        session, "id -un; id -u; cat /data/dataset.csv; echo result > /output/result.txt; "
+        "touch /data/new || echo read-only; cat /etc/gpuresa/session/banner",
+    )  # fmt: skip
+    assert code == 0, text
+    lines = text.splitlines()
+    assert lines[:2] == [site.login, "0"], text
+    assert "read-only" in text and "gpuresa session of" in text
+    account = subprocess.run(["id", "-u", site.login], capture_output=True, text=True, check=True)
+    result = session.output_dir / "result.txt"
+    assert result.stat().st_uid == int(account.stdout)
+    # a new backend object (a restarted daemon) adopts it from the records and cgroups
+    adopted = {item.key: item for item in site.backend().list_sessions()}
+    assert adopted[spec.key].state == "running"
+    assert adopted[spec.key].ssh_port == spec.ssh_port
+    site.backend().extend(spec.key, spec.end + timedelta(hours=1))
+    site.backend().message(spec.key, "ten minutes left")
+    code, text = site.run(session, "cat /etc/gpuresa/session/message /etc/gpuresa/session/end")
+    assert "ten minutes left" in text
+
+
+def test_stop_ends_what_ignores_sigterm_and_a_fork_bomb(site: Site) -> None:
+    backend = site.backend()
+    spec = spec_of(site, backend)
+    session = backend.start(spec)
+    code, text = site.run(
+        session,
+        "sudo -n nohup sh -c 'trap \"\" TERM; exec sleep 100000' >/dev/null 2>&1 & "
+        "setsid sh -c 'trap \"\" TERM; while :; do (sleep 1000 &) ; sleep 0.01; done' "
+        ">/dev/null 2>&1 & sleep 1; echo started",
+    )
+    assert code == 0, text
+    cgroup = backend.cgroup(spec.key)
+    assert len(cgroup.members()) > 5
+    pids_max = (cgroup.folder("pids") / "pids.max").read_text().strip()
+    assert pids_max == "256"
+    began = time.monotonic()
+    backend.stop(spec.key, timedelta(seconds=2))
+    took = time.monotonic() - began
+    assert 2 <= took < 20, took
+    assert not cgroup.exists()
+    # nothing of the user's runs but the removal of the container's files (dead processes
+    # wait for this machine's init to reap them)
+    left = subprocess.run(
+        ["ps", "-ww", "-o", "pid=,stat=,args=", "-U", site.login], capture_output=True, text=True
+    )
+    others = [
+        line
+        for line in left.stdout.splitlines()
+        if " rm -f gpuresa-" not in line and line.split()[1][0] != "Z"
+    ]
+    assert others == [], left.stdout
+    assert spec.key not in {item.key for item in backend.list_sessions()}
+    backend.stop(spec.key, timedelta(seconds=1))
+    backend.kill(spec.key)
+
+
+def test_a_login_without_a_host_account_is_refused(site: Site) -> None:
+    backend = site.backend()
+    spec = backend.new_spec("nobodyhere", "pytorch", datetime.now(UTC) + timedelta(hours=1))
+    with pytest.raises(SessionError, match="no account on host"):
+        backend.check_spec(spec)
