@@ -380,7 +380,7 @@ class UdockerBackend:
             account,
             {
                 "GPURESA_READONLY": json.dumps(readonly),
-                "GPURESA_SHM_SIZE": self.config.limits.shm_size,
+                "GPURESA_SHM_SIZE": str(self.config.limits.shm_size),
             },
         )
         folder = self.records.folder(spec.key)

@@ -22,7 +22,6 @@ from pathlib import Path
 
 from gpuresa.config.sections import LimitsConfig
 from gpuresa.runtime.errors import SessionError
-from gpuresa.runtime.payload import size_bytes
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +62,7 @@ class SessionCgroup:
                 self.folder(name).mkdir(mode=0o755, parents=True, exist_ok=True)
             _write(self.folder("pids") / "pids.max", str(limits.pids))
             if limits.memory is not None:
-                memory = size_bytes(limits.memory)
+                memory = limits.memory.bytes
                 _write(self.folder("memory") / "memory.limit_in_bytes", str(memory))
                 # no swap beyond the limit where the kernel accounts it
                 swap = self.folder("memory") / "memory.memsw.limit_in_bytes"
