@@ -61,7 +61,8 @@ def login_user(contract: Contract, session: Session, command: str) -> str:
 def test_every_backend_speaks_the_protocol(contract: Contract) -> None:
     assert isinstance(contract.backend, SessionBackend)
     contract.backend.check()
-    assert contract.backend.provisioned(contract.spec())
+    spec = contract.spec()
+    assert contract.backend.provisioned(spec.template, spec.cuda)
 
 
 def test_prepare_keeps_the_user_out_until_start_lets_them_in(contract: Contract) -> None:

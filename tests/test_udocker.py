@@ -115,7 +115,7 @@ def site_fixture(login: str) -> Iterator[Site]:
 def spec_of(site: Site, backend: UdockerBackend, **options: Any) -> Any:
     end = datetime.now(UTC) + timedelta(hours=1)
     spec = backend.new_spec(site.login, "pytorch", end, **options)
-    backend.provision(spec)
+    backend.provision(spec.template, spec.cuda)
     return spec
 
 
@@ -123,7 +123,7 @@ def test_a_session_runs_as_the_login_with_its_folders(site: Site) -> None:
     backend = site.backend()
     backend.check()
     spec = spec_of(site, backend)
-    assert backend.provisioned(spec)
+    assert backend.provisioned(spec.template, spec.cuda)
     prepared = backend.prepare(spec)
     assert prepared.state == "created"
     with pytest.raises((paramiko.SSHException, EOFError, OSError)):

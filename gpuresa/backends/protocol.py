@@ -35,9 +35,20 @@ The contract, which `tests/test_backend_contract.py` checks on every backend:
   session shows. Neither waits on the session.
 - **check_spec(spec)** refuses, before anything is made, what the host cannot
   serve; **host_gpus()** are the GPU indices the planner may hand out.
-- **provisioned(spec)** says, at once, whether `start` can go without the slow
-  **provision(spec)** (an image build, a load): the daemon runs the latter on
-  a worker of its own, never under a start.
+- **provisioned(template, cuda)** says, at once, whether sessions of that
+  template can start without the slow **provision(template, cuda)** (an image
+  build, a load; template None: only what every session shares, such as a
+  sidecar's image): the daemon runs the latter on a worker of its own, never
+  under a start (a start that would need it raises `ImageMissing`).
+- **reset(key)** ends what runs the user's work (after the GPUs were lost
+  inside it) and keeps the rest: the session then lists as "stopped" and the
+  daemon's next start makes it again with its devices granted anew.
+- **finish_stop(session)** does what follows a session's removal (its output
+  handed to its owner, its retention recorded), for a stop that a restart cut
+  short after the removal; logs, never raises.
+- **sessions_and_units()** is `list_sessions()` with, for the GPU tracker, the
+  name each session's processes carry in their cgroup path (a container id,
+  a cgroup folder) mapped to (key, role), from one look.
 - **facts(session)** is what the session shows its user (banner, motd).
 - **cleanup(busy)** removes what no session uses any more (never anything of
   the sessions whose keys are in `busy`) and returns what it removed.
@@ -69,12 +80,12 @@ class SessionBackend(Protocol):
         """Refuse, with a `SessionError`, a spec this host cannot serve."""
         ...
 
-    def provisioned(self, spec: SessionSpec) -> bool:
-        """Whether `start(spec)` needs no `provision` first; never waits."""
+    def provisioned(self, template: str | None, cuda: str | None) -> bool:
+        """Whether sessions of `template`'s variant `cuda` need no `provision`; never waits."""
         ...
 
-    def provision(self, spec: SessionSpec) -> None:
-        """Make what sessions of `spec`'s template need (may take minutes)."""
+    def provision(self, template: str | None, cuda: str | None) -> None:
+        """Make what sessions of `template` need (None: what all share); may take minutes."""
         ...
 
     def prepare(self, spec: SessionSpec, ready_timeout: float = 30) -> Session:
@@ -95,6 +106,18 @@ class SessionBackend(Protocol):
 
     def list_sessions(self) -> list[Session]:
         """Every session of this host, rebuilt from what the backend left (adoption)."""
+        ...
+
+    def sessions_and_units(self) -> tuple[list[Session], dict[str, tuple[str, str]]]:
+        """`list_sessions()` and each session's cgroup unit name -> (key, role)."""
+        ...
+
+    def reset(self, key: str) -> None:
+        """End what runs the user's work and keep the rest, to be made again."""
+        ...
+
+    def finish_stop(self, session: Session) -> None:
+        """Hand a removed session's output over and date it; never raises."""
         ...
 
     def message(self, key: str, text: str) -> None:

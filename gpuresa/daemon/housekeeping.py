@@ -57,7 +57,7 @@ class Housekeeping:
 
         def work() -> str:
             trimmed = context.journal.trim(wall, context.config.daemon.journal_retention)
-            removed = context.runtime.collect_garbage(set(known))
+            removed = context.runtime.cleanup(known)
             return f"{trimmed} journal row(s) trimmed; removed {', '.join(removed) or 'nothing'}"
 
         self.tools.background("maintenance", work, self._maintained)

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from gpuresa.backends.protocol import SessionBackend
 from gpuresa.config.sections import Config
 from gpuresa.gpus.findings import Finding
 from gpuresa.gpus.readings import GpuSnapshot
@@ -29,7 +30,6 @@ from gpuresa.gpus.tracker import (
 from gpuresa.gpus.usage_store import SessionUse, UsageStore
 from gpuresa.model import Session
 from gpuresa.observe.jobmap import write_job_mapping
-from gpuresa.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class Sampler:
             self._telemetry = Telemetry(wanted)
         return self._telemetry
 
-    def sample(self, now: datetime, config: Config, runtime: Runtime) -> Sample:
+    def sample(self, now: datetime, config: Config, runtime: SessionBackend) -> Sample:
         """Sample the GPUs, record each session's use, return what is new.
 
         Docker is listed only when the GPUs could be read (a host without GPUs
@@ -96,7 +96,7 @@ class Sampler:
         snapshot = self._gateway(config).sample(now)
         if not snapshot.ok:
             return Sample(snapshot)
-        sessions, roles = runtime.sessions_and_containers()
+        sessions, roles = runtime.sessions_and_units()
         containers = [SessionContainer(id, key, role) for id, (key, role) in roles.items()]
         findings = self.tracker.observe(now, sessions, snapshot, containers)
         if telemetry.job_mapping_dir is not None:

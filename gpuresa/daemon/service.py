@@ -25,6 +25,7 @@ from typing import IO
 from zoneinfo import ZoneInfo
 
 from gpuresa import systemd
+from gpuresa.backends.protocol import SessionBackend
 from gpuresa.config.sections import Config, load_config
 from gpuresa.daemon.loop import Loop
 from gpuresa.daemon.sampling import Sampler
@@ -40,7 +41,6 @@ from gpuresa.mail.outbox import Outbox
 from gpuresa.model import Session
 from gpuresa.observe.server import ObservationServer
 from gpuresa.outputs.disk import disk_warnings
-from gpuresa.runtime import Runtime
 from gpuresa.runtime.port_safety import port_warnings
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ class Daemon:
         self,
         config: Config,
         *,
-        runtime: Runtime | None = None,
+        runtime: SessionBackend | None = None,
         clock: Callable[[], datetime] = utc_now,
         on_start: Callable[[Session, str], None] | None = None,
         telemetry: Telemetry | None = None,

@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import cast
 
 from gpuresa.backends.factory import open_backend
+from gpuresa.backends.protocol import SessionBackend
 from gpuresa.config.sections import Config
 from gpuresa.daemon.notices import Notices
 from gpuresa.daemon.work import Work
@@ -24,7 +24,6 @@ from gpuresa.outputs.duties import OutputDuties
 from gpuresa.outputs.service import OutputService
 from gpuresa.reservations.calendars import CalendarReport, Calendars
 from gpuresa.reservations.claims import Claims
-from gpuresa.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -45,15 +44,15 @@ class Context:
         journal: Journal,
         outbox: Outbox,
         *,
-        runtime: Runtime | None = None,
+        runtime: SessionBackend | None = None,
         clock: Callable[[], datetime] = utc_now,
     ) -> None:
         self.config = config
         self.clock = clock
         self.journal = journal
         self.outbox = outbox
-        # a udocker host's backend answers what the daemon asks of a Runtime
-        self.runtime = runtime or cast(Runtime, open_backend(config))
+        # the session backend of this host (`backends.factory`): the daemon knows its protocol alone
+        self.runtime = runtime or open_backend(config)
         self.calendars = Calendars(config)
         self.notifier = Notifier(config.notify, config.users)
         self.notices = Notices(config, self.notifier, outbox)

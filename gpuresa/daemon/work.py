@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime
 
+from gpuresa.backends.protocol import SessionBackend
 from gpuresa.config.sections import Config
 from gpuresa.daemon.notices import Notices
 from gpuresa.daemon.records import session_from_record, session_record
@@ -29,7 +30,6 @@ from gpuresa.planning.planner import (
     Stop,
     Warn,
 )
-from gpuresa.runtime import Runtime
 from gpuresa.runtime.errors import ImageMissing
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ class Work:
     """
 
     config: Config
-    runtime: Runtime
+    runtime: SessionBackend
     journal: Journal
     notices: Notices
 
@@ -77,7 +77,7 @@ class Work:
 
     def _require_image(self, spec: SessionSpec) -> None:
         """Raise `ImageMissing` when the session's image is not here yet (never builds)."""
-        if not self.runtime.image_present(spec.template, spec.cuda):
+        if not self.runtime.provisioned(spec.template, spec.cuda):
             raise ImageMissing(
                 f"the image of {spec.template} (CUDA {spec.cuda or 'default'}) is being built",
                 spec.template,
@@ -153,7 +153,7 @@ class Work:
 
     def end_main(self, key: str) -> Done:
         """A session whose container lost its GPUs: its main container goes, to be made again."""
-        self.runtime.end_main(key)
+        self.runtime.reset(key)
         return Done()
 
     def finish_interrupted_stop(self, key: str, record: str, now: datetime) -> Done:
@@ -211,8 +211,5 @@ class Work:
 
     def build(self, template: str | None, cuda: str | None) -> Done:
         """Build an image (the FTP sidecar's for `template` None): minutes, on its own thread."""
-        if template is None:
-            self.runtime.ensure_ftp_image()
-        else:
-            self.runtime.ensure_image(template, cuda)
+        self.runtime.provision(template, cuda)
         return Done()

@@ -121,7 +121,9 @@ class OutputService:
 
     @property
     def enabled(self) -> bool:
-        return self.config.storage.sftp_port != 0
+        """On a container engine's host with `sftp_port` set. A host whose sessions run
+        without an engine (udocker) hands outputs to their logins' own accounts: no service."""
+        return self.config.storage.sftp_port != 0 and hasattr(self.runtime, "engine")
 
     def busy_folders(self) -> set[Path]:
         """The output folders of this host's sessions (created, running or stopped)."""

@@ -149,14 +149,21 @@ class Runtime:
         """Whether the FTP sidecar's current image is here (never builds, never waits)."""
         return self.images.ftp_present_tag() is not None
 
-    def provisioned(self, spec: SessionSpec) -> bool:
-        """Whether the images `spec`'s session needs are here (never builds, never waits)."""
-        return self.image_present(spec.template, spec.cuda) and self.ftp_image_present()
+    def provisioned(self, template: str | None, cuda: str | None) -> bool:
+        """Whether the images of `template` (None: the FTP sidecar's alone) are here.
 
-    def provision(self, spec: SessionSpec) -> None:
-        """Build the images `spec`'s session needs when missing (may take minutes)."""
-        self.ensure_image(spec.template, spec.cuda)
-        self.ensure_ftp_image()
+        Never builds, never waits.
+        """
+        if template is None:
+            return self.ftp_image_present()
+        return self.image_present(template, cuda)
+
+    def provision(self, template: str | None, cuda: str | None) -> None:
+        """Build the image of `template` (None: the FTP sidecar's) when missing (minutes)."""
+        if template is None:
+            self.ensure_ftp_image()
+        else:
+            self.ensure_image(template, cuda)
 
     # --- reading sessions back from Docker -------------------------------------------------
 
@@ -169,9 +176,9 @@ class Runtime:
         label's. Containers whose labels gpuresa did not write are logged and
         left out.
         """
-        return self.sessions_and_containers()[0]
+        return self.sessions_and_units()[0]
 
-    def sessions_and_containers(self) -> tuple[list[Session], dict[str, tuple[str, str]]]:
+    def sessions_and_units(self) -> tuple[list[Session], dict[str, tuple[str, str]]]:
         """`list_sessions()` and each of their containers' full id with (key, role).
 
         From one listing of the engine, so the two always agree (the GPU
@@ -337,7 +344,7 @@ class Runtime:
         """
         self._end(key, self.find(key))
 
-    def end_main(self, key: str) -> None:
+    def reset(self, key: str) -> None:
         """SIGKILL session `key`'s main container from the host and remove it; nothing else.
 
         The FTP sidecar, network and output stay: the session then shows as

@@ -161,16 +161,18 @@ class UdockerBackend:
         """udocker sessions have no FTP sidecar (their sshd serves SFTP): nothing to build."""
         return ""
 
-    def provisioned(self, spec: SessionSpec) -> bool:
-        found = self.archive(spec.template, spec.cuda) if self.image_present(
-            spec.template, spec.cuda
-        ) else None  # fmt: skip
-        return found is not None and tools.image_loaded(self.config, spec.user, found[1])
+    def provisioned(self, template: str | None, cuda: str | None) -> bool:
+        """Whether the template's archive is here (None: nothing is shared); never waits.
 
-    def provision(self, spec: SessionSpec) -> None:
-        """Build and save `spec`'s image when missing, and load it into the login's repository."""
-        self.ensure_image(spec.template, spec.cuda)
-        self._load(spec)
+        Loading it into a login's repository takes seconds and is done when a
+        session of that login is prepared.
+        """
+        return template is None or self.image_present(template, cuda)
+
+    def provision(self, template: str | None, cuda: str | None) -> None:
+        """Build and save the template's image when missing (minutes)."""
+        if template is not None:
+            self.ensure_image(template, cuda)
 
     def _load(self, spec: SessionSpec) -> str:
         """Load `spec`'s image into the login's repository when missing (seconds); its name."""
@@ -190,14 +192,14 @@ class UdockerBackend:
 
     # --- what the daemon asks of a Docker runtime, for udocker ------------------------------
 
-    def sessions_and_containers(self) -> tuple[list[Session], dict[str, tuple[str, str]]]:
+    def sessions_and_units(self) -> tuple[list[Session], dict[str, tuple[str, str]]]:
         """`list_sessions()`, and no containers for the GPU tracker to match by id."""
         return self.list_sessions(), {}
 
     def collect_garbage(self, busy: set[str]) -> list[str]:
         return self.cleanup(busy)
 
-    def end_main(self, key: str) -> None:
+    def reset(self, key: str) -> None:
         """End the session's processes at once (it is made again by the daemon's next round)."""
         self._end(key, finish=False)
 
