@@ -1,0 +1,22 @@
+"""Which backend serves this daemon's host: its `engine` says."""
+
+from __future__ import annotations
+
+from gpuresa.backends.protocol import SessionBackend
+from gpuresa.config.sections import Config
+from gpuresa.errors import UserError
+
+
+def open_backend(config: Config) -> SessionBackend:
+    """The session backend of `config`'s host: a Slurm cluster, or the Docker/Podman `Runtime`."""
+    try:
+        engine = config.host().engine
+    except UserError:
+        engine = "docker"
+    if engine == "slurm":
+        from gpuresa.backends.slurm import SlurmBackend
+
+        return SlurmBackend(config)
+    from gpuresa.runtime import Runtime
+
+    return Runtime(config)
