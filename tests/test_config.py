@@ -59,6 +59,7 @@ SECTIONS: dict[str, type] = {
     "limits": config_module.LimitsConfig,
     "notify": config_module.NotifyConfig,
     "telemetry": config_module.TelemetryConfig,
+    "slurm": config_module.SlurmConfig,
 }
 # a commented key line ending with this shows an example value of a key unset by default
 EXAMPLE_MARK = "# example; unset by default"

@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from gpuresa.backends.factory import open_backend
 from gpuresa.config.schema import Invalid, parse_duration
 from gpuresa.config.sections import Config, load_config
 from gpuresa.errors import UserError
@@ -87,7 +88,7 @@ def _open_journal(config: Config) -> Journal:
 
 def status_report(config: Config, now: datetime) -> dict[str, Any]:
     """What `gpuresa status --json` prints: sessions from Docker, the rest from the journal."""
-    from gpuresa.runtime import Runtime, RuntimeUnavailable
+    from gpuresa.runtime import RuntimeUnavailable
 
     host = next((host for host in config.hosts if host.name == config.daemon.host), None)
     report: dict[str, Any] = {
@@ -96,7 +97,7 @@ def status_report(config: Config, now: datetime) -> dict[str, Any]:
         "engine": host.engine if host else "docker",
     }
     try:
-        sessions = Runtime(config).list_sessions()
+        sessions = open_backend(config).list_sessions()
         report["docker"] = "ok"
     except RuntimeUnavailable as error:
         sessions = []

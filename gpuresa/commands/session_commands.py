@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from gpuresa.backends.factory import open_backend
 from gpuresa.commands.template_commands import docker_errors
 from gpuresa.config.schema import Invalid, parse_duration
 from gpuresa.config.sections import Config, load_config
@@ -169,7 +170,7 @@ def _plain(session: Session) -> dict[str, Any]:
 def list_command(arguments: argparse.Namespace) -> int:
     config = load_config(arguments.config)
     with docker_errors():
-        sessions = Runtime(config).list_sessions()
+        sessions = open_backend(config).list_sessions()
     if arguments.json:
         print(json.dumps([_plain(session) for session in sessions], indent=2))
         return 0
