@@ -29,6 +29,7 @@ bench: setup
 	$(VENV)/python benchmarks/bench_outputs.py
 	$(VENV)/python benchmarks/bench_telemetry.py
 	$(VENV)/python benchmarks/bench_grr.py
+	$(VENV)/python benchmarks/bench_slurm.py
 
 clean:
 	rm -rf .venv .pytest_cache .mypy_cache .ruff_cache

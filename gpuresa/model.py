@@ -122,6 +122,8 @@ class SessionSpec:
     ftp_passive_first: int
     ftp_passive_last: int
     email: str | None = None
+    # where a scheduler runs it: a node, "partition:<name>" or "" (any; engines ignore it)
+    place: str = ""
 
 
 @dataclass(frozen=True)
@@ -161,3 +163,5 @@ class Session:
     containers: tuple[str, ...] = ()
     # the host ids of the session's user namespace (None: none, or not known)
     id_range: IdRange | None = None
+    # the node a scheduler runs it on ("" for an engine's session)
+    place: str = ""

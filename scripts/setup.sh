@@ -8,6 +8,7 @@
 #   4. a rootful Podman API service next to Docker (separate storage in
 #      /var/lib/containers, netavark networks), with a `containers` id range for
 #      userns=auto, and the base image loaded into it (when its recipe changed);
+#   6. a one-node Slurm (scripts/setup_slurm.sh) for the Slurm backend.
 #   5. a MariaDB server for the GRR source's tests (Debian's mariadb-server, started
 #      directly, without systemd: datadir /var/lib/gpuresa-mariadb, socket
 #      /run/gpuresa-mariadb/mysqld.sock and 127.0.0.1:3307; root logs in over the socket).
@@ -282,4 +283,5 @@ else
     fi
     say "MariaDB answers on $MARIADB_SOCKET and 127.0.0.1:$MARIADB_PORT"
 fi
+bash scripts/setup_slurm.sh
 say "ready"

@@ -1,7 +1,7 @@
 """The session protocol's promises (`gpuresa.backends.protocol`), checked on every backend.
 
-Each test takes `contract`, one backend of a real site in turn (Docker, Podman),
-and speaks only the protocol: what passes here for one backend must pass for
+Each test takes `contract`, one backend of a real site in turn (Docker, Podman,
+a Slurm cluster), and speaks only the protocol: what passes here for one backend must pass for
 every other. A user's view is checked the way a user has it, an SSH login.
 """
 
@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import paramiko
 import pytest
+from conftest import _harness
+from slurm_site import SlurmSite, slurm_site
 from test_runtime import Site, built_fixture, make_site, run, ssh_login  # noqa: F401
 
 from gpuresa.backends.protocol import SessionBackend
@@ -26,17 +29,46 @@ from gpuresa.runtime import Runtime, SessionError
 class Contract:
     """A backend under test, and how to make another one as a restarted daemon would."""
 
-    site: Site
+    site: Site | SlurmSite
     make: Callable[[], SessionBackend]
     spec: Callable[..., SessionSpec]
+    # where the user finds the session's files and output, and how they become root
+    session_dir: str = "/etc/gpuresa/session"
+    output: str = "/output"
+    sudo: str = "sudo -n "
+    # pgrep's options that keep to the session's processes (a container sees only its own)
+    own: str = ""
 
     def __post_init__(self) -> None:
         self.backend = self.make()
 
 
-@pytest.fixture(name="contract")
-def contract_fixture(tmp_path: Any, engine_harness: Any, built: Any) -> Contract:
-    built(engine_harness)
+@pytest.fixture(name="contract", params=("docker", "podman", "slurm"))
+def contract_fixture(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Contract]:
+    if request.param == "slurm":
+        with slurm_site(tmp_path) as cluster:
+
+            def spec_on_cluster(**options: Any) -> SessionSpec:
+                options.pop("user", None)
+                return cluster.spec(**options)
+
+            yield Contract(
+                cluster,
+                cluster.backend,
+                spec_on_cluster,
+                "$GPURESA_SESSION",
+                "$GPURESA_OUTPUT",
+                "",
+                '-u "$(id -u)" ',
+            )
+        return
+    client = request.getfixturevalue(f"{request.param}_client")
+    for engine_harness in _harness(client, request.param, request):
+        request.getfixturevalue("built")(engine_harness)
+        yield _engine_contract(tmp_path, engine_harness)
+
+
+def _engine_contract(tmp_path: Path, engine_harness: Any) -> Contract:
     site = make_site(tmp_path, engine_harness.client, engine=engine_harness.engine)
 
     def make() -> SessionBackend:
@@ -96,7 +128,7 @@ def test_extend_and_message_are_shown_in_the_session(contract: Contract) -> None
     listed = {item.key: item for item in contract.make().list_sessions()}[spec.key]
     assert abs((listed.end - later).total_seconds()) < 1
     contract.backend.message(spec.key, "ten minutes left")
-    shown = login_user(contract, session, "cat /etc/gpuresa/session/message")
+    shown = login_user(contract, session, f"cat {contract.session_dir}/message")
     assert "ten minutes left" in shown
     facts = contract.backend.facts(listed)
     assert (facts.user, abs((facts.end - later).total_seconds()) < 1) == (spec.user, True)
@@ -109,10 +141,10 @@ def test_stop_gives_the_grace_then_removes_and_keeps_the_output(contract: Contra
     login_user(
         contract,
         session,
-        "echo result > /output/result.txt; "
-        "sudo -n nohup sh -c 'trap \"\" TERM; exec tail -f /dev/null' >/dev/null 2>&1 &",
+        f"echo result > {contract.output}/result.txt; "
+        f"{contract.sudo}nohup sh -c 'trap \"\" TERM; exec tail -f /dev/null' >/dev/null 2>&1 &",
     )
-    assert login_user(contract, session, "pgrep -c -x tail").strip() == "1"
+    assert login_user(contract, session, f"pgrep -c -x {contract.own}tail").strip() == "1"
     began = time.monotonic()
     contract.backend.stop(spec.key, timedelta(seconds=2))
     took = time.monotonic() - began

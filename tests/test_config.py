@@ -60,6 +60,7 @@ SECTIONS: dict[str, type] = {
     "udocker": config_module.UdockerConfig,
     "notify": config_module.NotifyConfig,
     "telemetry": config_module.TelemetryConfig,
+    "slurm": config_module.SlurmConfig,
 }
 # a commented key line ending with this shows an example value of a key unset by default
 EXAMPLE_MARK = "# example; unset by default"

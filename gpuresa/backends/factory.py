@@ -8,7 +8,8 @@ from gpuresa.errors import UserError
 
 
 def open_backend(config: Config) -> SessionBackend:
-    """The session backend of `config`'s host: udocker, or the Docker/Podman `Runtime`."""
+    """The session backend of `config`'s host: udocker, a Slurm cluster, or the Docker/Podman
+    `Runtime`."""
     try:
         engine = config.host().engine
     except UserError:
@@ -17,6 +18,10 @@ def open_backend(config: Config) -> SessionBackend:
         from gpuresa.backends.udocker import UdockerBackend
 
         return UdockerBackend(config)
+    if engine == "slurm":
+        from gpuresa.backends.slurm import SlurmBackend
+
+        return SlurmBackend(config)
     from gpuresa.runtime import Runtime
 
     return Runtime(config)

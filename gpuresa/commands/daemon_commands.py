@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from gpuresa.backends.factory import open_backend
 from gpuresa.config.schema import Invalid, parse_duration
 from gpuresa.config.sections import Config, load_config
 from gpuresa.errors import UserError
@@ -88,7 +89,6 @@ def _open_journal(config: Config) -> Journal:
 
 def status_report(config: Config, now: datetime) -> dict[str, Any]:
     """What `gpuresa status --json` prints: sessions from Docker, the rest from the journal."""
-    from gpuresa.backends.factory import open_backend
     from gpuresa.runtime import RuntimeUnavailable
 
     host = next((host for host in config.hosts if host.name == config.daemon.host), None)

@@ -159,7 +159,7 @@ class HostConfig:
     """[[hosts]]: one GPU server, its GPUs and the ports its sessions may use."""
 
     name: str = Field(check=matches(NAME, "a host name"))
-    engine: Literal["docker", "podman", "udocker"] = "docker"
+    engine: Literal["docker", "podman", "udocker", "slurm"] = "docker"
     engine_socket: str | None = Field(
         None, check=matches(r"(unix|tcp|ssh)://\S+", "a URL such as unix:///run/podman/podman.sock")
     )
@@ -363,6 +363,17 @@ class TelemetryConfig:
 
 
 @dataclass(frozen=True)
+class SlurmConfig:
+    """[slurm]: a host of engine "slurm" is a cluster; see gpuresa/backends/slurm/."""
+
+    timeout: timedelta = Field(timedelta(seconds=10), check=positive_duration)
+    shared_dir: Path = Path("/var/lib/gpuresa/slurm")
+    partition: str | None = Field(None, check=matches(NAME, "a partition name"))
+    gres_reservations: Literal["auto", "yes", "no"] = "auto"
+    start_timeout: timedelta = Field(timedelta(seconds=60), check=positive_duration)
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration file."""
 
@@ -377,6 +388,7 @@ class Config:
     udocker: UdockerConfig = UdockerConfig()
     notify: NotifyConfig = NotifyConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
+    slurm: SlurmConfig = SlurmConfig()
     source: str = Field("<defaults>", expected="(set by the loader)")
 
     def host(self, name: str | None = None) -> HostConfig:

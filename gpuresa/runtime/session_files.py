@@ -157,6 +157,11 @@ class SessionFiles:
         with self._folder(key) as folder:
             _write(folder, name, text, mode=SECRET_MODE, owner=(uid, gid))
 
+    def show_file(self, key: str, name: str, text: str) -> None:
+        """Write another file the session's user reads (`authorized_keys` of a Slurm job)."""
+        with self._folder(key) as folder:
+            _write(folder, name, text)
+
     def close_gate(self, key: str, text: str) -> None:
         """Refuse logins to session `key`, showing `text` to who tries."""
         with self._folder(key) as folder:

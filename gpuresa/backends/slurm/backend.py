@@ -1,0 +1,344 @@
+"""Sessions on a Slurm cluster: each booking a reservation, each session a job.
+
+One gpuresa daemon on the login or controller node serves the cluster (its
+`[[hosts]]` entry has `engine = "slurm"`). A session's place is a node, or
+`partition:<name>` where gpuresa picks the first node of the partition with
+the GPUs. Everything Slurm holds for session `key` is named
+`gpuresa-<12 hex digits of the host and key>`: its reservation and its job;
+a record in `<state_dir>/slurm/` (root's) remembers the rest, so a new
+backend object adopts both and never touches a reservation it did not make.
+
+Reserving GPUs (see `Reserver`): where Slurm reserves GRES (23.11 and later)
+the reservation holds `gres/gpu=N` on the node for the whole booking. Slurm
+22.05 reserves only nodes or cores, so there the reservation holds the whole
+node from the booking's start: the backfill scheduler starts no other job on
+it that would run into the booking. At the start the session's job runs in
+the reservation with `--gres=gpu:N`; once it runs it holds its GPUs for its
+time limit (the booking's end), so gpuresa takes the job out of the
+reservation and deletes it, handing the node's other GPUs back to the
+cluster. A reservation that would overlap another gpuresa reservation of the
+same node still waiting for its job is made when that job runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import math
+import os
+import shutil
+import socket
+import time
+from collections.abc import Collection
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from gpuresa.access import AccessError, authorized_keys, check_login, host_account
+from gpuresa.backends.slurm.gateway import Job, Node, SlurmGateway
+from gpuresa.backends.slurm.jobscript import JobSettings, job_script
+from gpuresa.backends.slurm.records import Record, Records
+from gpuresa.backends.slurm.reserver import Reserver
+from gpuresa.config.sections import Config
+from gpuresa.model import Session, SessionSpec
+from gpuresa.runtime.errors import SessionError
+from gpuresa.runtime.output import output_path
+from gpuresa.runtime.session_files import SessionFacts, SessionFiles
+
+log = logging.getLogger(__name__)
+
+PREFIX = "gpuresa-"
+PARTITION = "partition:"
+_RUNNING = {"RUNNING"}
+_WAITING = {"PENDING", "CONFIGURING", "REQUEUED", "RESIZING", "SUSPENDED"}
+
+
+def slurm_name(host: str, key: str) -> str:
+    """The name of session `key`'s reservation and job on `host`."""
+    return PREFIX + hashlib.sha256(f"{host}\0{key}".encode()).hexdigest()[:12]
+
+
+class SlurmBackend:
+    """The sessions of one Slurm cluster (see the module and `backends.protocol`)."""
+
+    def __init__(self, config: Config, gateway: SlurmGateway | None = None) -> None:
+        self.config = config
+        self.host = config.host()
+        settings = config.slurm
+        self.gateway = gateway or SlurmGateway(settings.timeout.total_seconds())
+        self.records = Records(config.daemon.state_dir / "slurm")
+        self.files = SessionFiles(settings.shared_dir / "sessions")
+        self.runs = settings.shared_dir / "runs"
+        self.reserver = Reserver(self.gateway, settings.gres_reservations, PREFIX)
+
+    # --- what the cluster can serve -------------------------------------------------------
+
+    def check(self) -> None:
+        if os.geteuid() != 0:
+            raise SessionError("only root (or SlurmUser) may make Slurm reservations")
+        self.gateway.version()
+
+    def host_gpus(self) -> tuple[int, ...]:
+        """GPU indices on one node: a booking holds a count of them on its node."""
+        return tuple(range(max((node.gpus for node in self.gateway.nodes().values()), default=0)))
+
+    def node_for(self, spec: SessionSpec) -> Node:
+        """The node of `spec`'s place; raises `SessionError` naming what is wrong."""
+        nodes = self.gateway.nodes()
+        place = spec.place or (
+            PARTITION + self.config.slurm.partition if self.config.slurm.partition else ""
+        )
+        count = len(spec.gpus)
+        if not place.startswith(PARTITION) and place:
+            node = nodes.get(place)
+            if node is None:
+                raise SessionError(f"the cluster has no node {place!r}")
+            if count > node.gpus or any(index >= node.gpus for index in spec.gpus):
+                raise SessionError(f"{count} GPU(s) asked, but node {place} has {node.gpus}")
+            return node
+        partition = place.removeprefix(PARTITION)
+        members = [node for node in nodes.values() if not partition or partition in node.partitions]
+        if not members:
+            raise SessionError(f"the cluster has no partition {partition!r}")
+        busy = self._gpus_booked(spec)
+        for node in sorted(members, key=lambda item: item.name):
+            if busy.get(node.name, 0) + count <= node.gpus and "DOWN" not in node.state:
+                return node
+        raise SessionError(f"no node of partition {partition or '(any)'} has {count} GPU(s) free")
+
+    def _gpus_booked(self, spec: SessionSpec) -> dict[str, int]:
+        """GPUs that gpuresa's other sessions hold on each node during `spec`'s time."""
+        booked: dict[str, int] = {}
+        for record in self.records.all():
+            if record.key != spec.key and record.start < spec.end and spec.start < record.end:
+                booked[record.node] = booked.get(record.node, 0) + record.gpus
+        return booked
+
+    def check_spec(self, spec: SessionSpec) -> None:
+        try:
+            check_login(spec.user)
+        except AccessError as error:
+            raise SessionError(str(error)) from None
+        if host_account(spec.user) is None:
+            raise SessionError(f"{spec.user!r} has no account on the cluster")
+        self.node_for(spec)
+
+    def provisioned(self, template: str | None, cuda: str | None) -> bool:
+        return True
+
+    def provision(self, template: str | None, cuda: str | None) -> None:
+        """Nothing to make: the job runs the node's own sshd."""
+
+    # --- a session's life -----------------------------------------------------------------
+
+    def prepare(self, spec: SessionSpec, ready_timeout: float = 30) -> Session:
+        record = self.records.get(spec.key)
+        if record is None:
+            self.check_spec(spec)
+            node = self.node_for(spec)
+            record = Record.of(spec, slurm_name(self.host.name, spec.key), node.name)
+            record = record.with_output(str(output_path(self.config, spec)))
+            self.records.put(record)
+            self._make_folders(record)
+        if record.job is None:
+            self.reserver.reserve(record, waiting_is_fine=True)
+        return self._session(record, None)
+
+    def start(self, spec: SessionSpec, ready_timeout: float = 30) -> Session:
+        self.prepare(spec, ready_timeout)
+        record = self.records.get(spec.key)
+        assert record is not None
+        job = self._job(record)
+        if job is None or job.state not in _RUNNING | _WAITING:
+            self.reserver.reserve(record, waiting_is_fine=False, start_now=True)
+            job_id = self._submit(record)
+            record = record.with_job(job_id)
+            self.records.put(record)
+        deadline = time.monotonic() + max(ready_timeout, self.config.slurm.start_timeout.seconds)
+        job = self._wait_running(record, deadline)
+        if record.job_start is None:
+            # the time limit counts from here: an extension is measured from it
+            record = record.with_job_start(datetime.now(UTC))
+            self.records.put(record)
+        self._wait_ssh(record, deadline)
+        self.reserver.hand_over(record, job)
+        for other in self.records.all():
+            if other.node == record.node and other.key != record.key and other.job is None:
+                with contextlib.suppress(SessionError):
+                    self.reserver.reserve(other, waiting_is_fine=True)
+        return self._session(record, job)
+
+    def _submit(self, record: Record) -> int:
+        minutes = max(1, math.ceil((record.end - datetime.now(UTC)).total_seconds() / 60))
+        argv = [
+            "sbatch",
+            "--parsable",
+            f"--job-name={record.name}",
+            f"--reservation={record.name}",
+            f"--nodelist={record.node}",
+            "--nodes=1",
+            "--ntasks=1",
+            f"--time={minutes}",
+            "--export=NONE",
+            f"--output={self.runs / record.name / 'job.log'}",
+        ]
+        if record.gpus:
+            argv.append(f"--gres=gpu:{record.gpus}")
+        settings = JobSettings(
+            record.user,
+            record.ssh_port,
+            self.host.bind_address,
+            self.files.path(record.key),
+            self.runs / record.name,
+            Path(record.output),
+        )
+        out = self.gateway.run(argv, as_user=record.user, stdin=job_script(settings))
+        return int(out.strip().split(";")[0])
+
+    def _wait_running(self, record: Record, deadline: float) -> Job:
+        while True:
+            job = self._job(record)
+            if job is not None and job.state in _RUNNING:
+                return job
+            if job is None or job.state not in _WAITING:
+                raise SessionError(
+                    f"the job of {record.key} ended before it ran ({job.state if job else 'gone'})"
+                )
+            if time.monotonic() > deadline:
+                self._cancel(record, "KILL")
+                raise SessionError(f"the job of {record.key} did not start in time")
+            time.sleep(0.3)
+
+    def _wait_ssh(self, record: Record, deadline: float) -> None:
+        while True:
+            try:
+                with socket.create_connection((record.node, record.ssh_port), timeout=2) as link:
+                    if link.recv(4).startswith(b"SSH-"):
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise SessionError(f"the SSH server of {record.key} did not answer in time")
+            time.sleep(0.2)
+
+    def stop(self, key: str, grace: timedelta) -> None:
+        record = self.records.get(key)
+        if record is None:
+            return
+        if self._job(record) is not None:
+            self._cancel(record, "TERM")
+            limit = time.monotonic() + grace.total_seconds()
+            while self._job(record) is not None and time.monotonic() < limit:
+                time.sleep(0.2)
+        self.kill(key)
+
+    def kill(self, key: str) -> None:
+        record = self.records.get(key)
+        if record is None:
+            return
+        limit = time.monotonic() + 20
+        while self._job(record) is not None:
+            self._cancel(record, "KILL")
+            if time.monotonic() > limit:
+                raise SessionError(f"the job of {key} does not end")
+            time.sleep(0.3)
+        self.reserver.release(record)
+        self.files.remove(key)
+        shutil.rmtree(self.runs / record.name, ignore_errors=True)
+        self.records.remove(key)
+
+    def reset(self, key: str) -> None:
+        """Nothing to remake: Slurm grants a job's GPUs itself, for the job's whole life."""
+        log.warning("%s: a session on Slurm is not made again for lost GPUs", key)
+
+    def finish_stop(self, session: Session) -> None:
+        # the output already belongs to the login: its retention is recorded
+        from gpuresa.outputs.handover import finish_output
+
+        finish_output(self.config, session)
+
+    def sessions_and_units(self) -> tuple[list[Session], dict[str, tuple[str, str]]]:
+        """`list_sessions()`; the GPU tracker matches no cgroup of Slurm's jobs yet."""
+        return self.list_sessions(), {}
+
+    def _cancel(self, record: Record, signal: str) -> None:
+        with contextlib.suppress(SessionError):
+            self.gateway.run(["scancel", f"--signal={signal}", "--full", f"--name={record.name}"])
+
+    # --- what runs --------------------------------------------------------------------------
+
+    def _job(self, record: Record) -> Job | None:
+        jobs = [job for job in self.gateway.jobs(record.name) if job.name == record.name]
+        live = [job for job in jobs if job.state in _RUNNING | _WAITING | {"COMPLETING"}]
+        return live[0] if live else None
+
+    def list_sessions(self) -> list[Session]:
+        jobs = {job.name: job for job in self.gateway.jobs(PREFIX)}
+        return [self._session(record, jobs.get(record.name)) for record in self.records.all()]
+
+    def _session(self, record: Record, job: Job | None) -> Session:
+        if job is not None and job.state in _RUNNING:
+            state = "running"
+        elif job is None and record.job is not None:
+            state = "stopped"
+        else:
+            state = "created"
+        return record.session(state, Path(record.output))
+
+    def message(self, key: str, text: str) -> None:
+        self.files.show_message(key, text, datetime.now(UTC))
+
+    def extend(self, key: str, end: datetime) -> None:
+        record = self.records.get(key)
+        if record is None:
+            raise SessionError(f"no session {key}")
+        record = record.with_end(end)
+        self.records.put(record)
+        self.reserver.extend(record)
+        job = self._job(record)
+        if job is not None and record.job_start is not None:
+            minutes = math.ceil((end - record.job_start).total_seconds() / 60)
+            self.gateway.scontrol("update", "", {"JobId": str(job.id), "TimeLimit": str(minutes)})
+        self._show(record)
+
+    def facts(self, session: Session | SessionSpec) -> SessionFacts:
+        record = self.records.get(session.key)
+        output = Path(record.output) if record else Path("/")
+        return SessionFacts(
+            session.user, session.template, session.cuda, session.gpus, session.end, output
+        )
+
+    def cleanup(self, busy: Collection[str]) -> list[str]:
+        """Nothing: a session's reservation, job and folders go with its stop.
+
+        A reservation named like gpuresa's without a record is not removed
+        either: it may be another gpuresa's, or an admin's copy.
+        """
+        return []
+
+    # --- files ----------------------------------------------------------------------------
+
+    def _make_folders(self, record: Record) -> None:
+        account = host_account(record.user)
+        if account is None:
+            raise SessionError(f"{record.user!r} has no account on the cluster")
+        try:
+            keys = authorized_keys(record.user, self.config.users)
+        except AccessError as error:
+            raise SessionError(str(error)) from None
+        self.files.show_file(record.key, "authorized_keys", keys)
+        self._show(record)
+        output = Path(record.output)
+        owner_dir = self.config.storage.output_root / record.user
+        owner_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+        os.chown(owner_dir, 0, account.gid)
+        output.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chown(output, account.uid, account.gid)
+        run = self.runs / record.name
+        self.runs.mkdir(mode=0o755, parents=True, exist_ok=True)
+        run.mkdir(mode=0o700, exist_ok=True)
+        os.chown(run, account.uid, account.gid)
+
+    def _show(self, record: Record) -> None:
+        session = record.session("created", Path(record.output))
+        self.files.show_facts(record.key, self.facts(session), self.config.reservations.timezone)

@@ -1,0 +1,131 @@
+"""The batch script of a session's job: what runs, as the booking's user, on the node.
+
+The script is Python (any `#!` script is a batch script to sbatch). It makes
+itself the *subreaper* of everything below it, so a process a login leaves in
+the background stays a descendant of the job: Slurm's process tracking (even
+`proctrack/linuxproc`, which follows parent links) then signals it at a stop
+and at the end. It runs the session command (today the user's own sshd on the
+session's port, with no privilege separation: a single-user server needs
+none; a container launcher such as udocker's takes the same place later,
+given the same environment), passes SIGTERM on to every descendant and
+exits only when none is left, so a stop's grace is the session's, not the
+script's.
+
+The login sees the job's GPUs: sshd hands `CUDA_VISIBLE_DEVICES`, the job's
+id and the session's folders to every login (`SetEnv`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+_SCRIPT = r"""#!/usr/bin/python3
+# gpuresa session job (made by gpuresa; see gpuresa/backends/slurm/jobscript.py)
+import ctypes, json, os, signal, subprocess, sys, time
+
+SETTINGS = json.loads(%(settings)r)
+PR_SET_CHILD_SUBREAPER = 36
+ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+run = SETTINGS["run_dir"]
+key = os.path.join(run, "host_key")
+if not os.path.exists(key):
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key], check=True)
+passed = {
+    "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+    "SLURM_JOB_ID": os.environ.get("SLURM_JOB_ID", ""),
+    "GPURESA_RESERVATION": os.environ.get("SLURM_JOB_RESERVATION", ""),
+    "GPURESA_SESSION": SETTINGS["session_dir"],
+    "GPURESA_OUTPUT": SETTINGS["output_dir"],
+}
+config = os.path.join(run, "sshd_config")
+with open(config, "w") as out:
+    out.write("\n".join([
+        "Port %%d" %% SETTINGS["port"],
+        "ListenAddress %%s" %% SETTINGS["bind_address"],
+        "HostKey %%s" %% key,
+        "AuthorizedKeysFile %%s/authorized_keys" %% SETTINGS["session_dir"],
+        "AllowUsers %%s" %% SETTINGS["user"],
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "UsePAM no",
+        # the keys file is root's in root's folders, but the shared folder may sit in a
+        # world-writable one (/var/tmp) that StrictModes would refuse
+        "StrictModes no",
+        "PidFile none",
+        "PrintMotd no",
+        "Banner %%s/banner" %% SETTINGS["session_dir"],
+        "X11Forwarding no",
+        "SetEnv " + " ".join("%%s=%%s" %% item for item in passed.items()),
+        "",
+    ]))
+command = SETTINGS["command"] or ["/usr/sbin/sshd", "-D", "-e", "-f", config]
+child = subprocess.Popen(command)
+
+def on_term(number, frame):
+    for pid in descendants():
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+def descendants():
+    found, parents = [], {os.getpid()}
+    table = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open("/proc/%%s/stat" %% entry) as stat:
+                    table[int(entry)] = int(stat.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    changed = True
+    while changed:
+        changed = False
+        for pid, parent in table.items():
+            if parent in parents and pid not in parents:
+                parents.add(pid)
+                found.append(pid)
+                changed = True
+    return found
+
+signal.signal(signal.SIGTERM, on_term)
+# reap every child (orphans of logins included) until none is left
+while True:
+    try:
+        os.wait()
+    except ChildProcessError:
+        break
+    except InterruptedError:
+        continue
+sys.exit(0)
+"""
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """What the job needs: who, where it listens, its folders, the session command."""
+
+    user: str
+    port: int
+    bind_address: str
+    session_dir: Path
+    run_dir: Path
+    output_dir: Path
+    # empty: the user's own sshd (see the module)
+    command: tuple[str, ...] = ()
+
+
+def job_script(settings: JobSettings) -> str:
+    """The batch script's text for `settings`."""
+    data = {
+        "user": settings.user,
+        "port": settings.port,
+        "bind_address": settings.bind_address,
+        "session_dir": str(settings.session_dir),
+        "run_dir": str(settings.run_dir),
+        "output_dir": str(settings.output_dir),
+        "command": list(settings.command),
+    }
+    return _SCRIPT % {"settings": json.dumps(data)}

@@ -1,0 +1,149 @@
+"""The Slurm backend on this machine's real Slurm: reservations, jobs, logins, other users.
+
+A booking's reservation is visible in Slurm ahead of its start; at the start
+a job of the booking's user runs in it holding the booked GPUs and serves
+SSH; the node's other GPUs stay the cluster's while a booked GPU is never
+given to another user's job; a new backend object (a daemon killed with
+`kill -9`) adopts the reservation and the job without making either twice;
+what the cluster cannot serve is refused with its reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from slurm_site import NODE, SlurmSite, slurm_site
+from test_runtime import run, ssh_login
+
+from gpuresa.backends.slurm import slurm_name
+from gpuresa.runtime import SessionError
+
+
+@pytest.fixture(name="cluster")
+def cluster_fixture(tmp_path: Path) -> Iterator[SlurmSite]:
+    with slurm_site(tmp_path) as site:
+        yield site
+
+
+def squeue(job: str, field: str) -> str:
+    return subprocess.run(["squeue", "-h", "-j", job, "-o", field], capture_output=True,
+                          text=True, check=False).stdout.strip()  # fmt: skip
+
+
+def reservation_text(name: str) -> str:
+    return subprocess.run(["scontrol", "-o", "show", "reservation", name], capture_output=True,
+                          text=True, check=False).stdout  # fmt: skip
+
+
+def submit(user: str, gpus: int) -> str:
+    done = subprocess.run(
+        ["runuser", "-u", user, "--", "sbatch", "--parsable", f"--gres=gpu:{gpus}",
+         f"--nodelist={NODE}", "--time=5", "--output=/dev/null", "--wrap", "sleep 120"],
+        capture_output=True, text=True, check=True, cwd="/",
+    )  # fmt: skip
+    return done.stdout.strip()
+
+
+def wait_state(job: str, wanted: str, timeout: float = 30) -> str:
+    deadline = time.monotonic() + timeout
+    state = ""
+    while time.monotonic() < deadline:
+        state = squeue(job, "%T")
+        if state == wanted:
+            return state
+        time.sleep(0.5)
+    return state
+
+
+def test_a_booking_is_a_reservation_then_a_job_holding_its_gpus(cluster: SlurmSite) -> None:
+    backend = cluster.backend()
+    now = datetime.now(UTC).replace(microsecond=0)
+    spec = cluster.spec(gpus=2, start=now + timedelta(seconds=20), end=now + timedelta(minutes=30))
+    name = slurm_name("cluster", spec.key)
+    prepared = backend.prepare(spec)
+    assert prepared.state == "created"
+    shown = reservation_text(name)
+    assert f"Users={spec.user}" in shown and f"Nodes={NODE}" in shown, shown
+    started = backend.start(spec)
+    assert started.state == "running"
+    job = next(item.split()[1] for item in started.containers if item.startswith("job "))
+    assert squeue(job, "%u %T %b") == f"{spec.user} RUNNING gres:gpu:2"
+    with ssh_login(started, spec.user, cluster.key(spec.user)) as client:
+        code, output = run(client, "id -un; echo $CUDA_VISIBLE_DEVICES $SLURM_JOB_ID")
+        assert code == 0 and output.split() == [spec.user, "0,1", job], output
+        code, output = run(client, f"srun --jobid={job} --overlap true && echo joined")
+        assert "joined" in output, output
+        run(client, "echo kept > $GPURESA_OUTPUT/result.txt")
+    # the node's two other GPUs are the cluster's; a third is not
+    other = cluster.users[1]
+    fits, waits = submit(other, 2), submit(other, 1)
+    assert wait_state(fits, "RUNNING") == "RUNNING"
+    time.sleep(6)
+    assert squeue(waits, "%T") == "PENDING"
+    subprocess.run(["scancel", fits], check=True)
+    assert wait_state(waits, "RUNNING") == "RUNNING"
+    # warnings reach the session; the end comes from Slurm's time limit of the job
+    backend.message(spec.key, "five minutes left")
+    with ssh_login(started, spec.user, cluster.key(spec.user)) as client:
+        assert "five minutes left" in run(client, "cat $GPURESA_SESSION/message")[1]
+    backend.stop(spec.key, timedelta(seconds=2))
+    assert squeue(job, "%T") == ""
+    assert (started.output_dir / "result.txt").read_text() == "kept\n"
+
+
+def test_a_restarted_daemon_adopts_without_doubling(cluster: SlurmSite) -> None:
+    spec = cluster.spec(gpus=1)
+    cluster.backend().start(spec)
+    # a new backend object is what a daemon killed with kill -9 starts with
+    again = cluster.backend()
+    adopted = {session.key: session for session in again.list_sessions()}
+    assert adopted[spec.key].state == "running"
+    again.start(spec)
+    again.prepare(spec)
+    name = slurm_name("cluster", spec.key)
+    jobs = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True,
+                          text=True, check=True).stdout.split()  # fmt: skip
+    assert len(jobs) == 1, jobs
+    assert reservation_text(name).count("ReservationName=") <= 1
+    again.stop(spec.key, timedelta(seconds=1))
+
+
+def test_the_job_ends_at_the_bookings_end(cluster: SlurmSite) -> None:
+    now = datetime.now(UTC).replace(microsecond=0)
+    spec = cluster.spec(end=now + timedelta(seconds=50))
+    started = cluster.backend().start(spec)
+    job = next(item.split()[1] for item in started.containers if item.startswith("job "))
+    assert squeue(job, "%l") == "1:00"
+    cluster.backend().stop(spec.key, timedelta(seconds=1))
+
+
+def test_what_the_cluster_cannot_serve_is_refused_with_its_reason(cluster: SlurmSite) -> None:
+    backend = cluster.backend()
+    cases = {
+        "no node 'nowhere'": cluster.spec(place="nowhere"),
+        "no partition 'nopart'": cluster.spec(place="partition:nopart"),
+        f"node {NODE} has 4": cluster.spec(gpus=5),
+        "has no account": dataclasses.replace(cluster.spec(), user="nosuchgpuresauser"),
+    }
+    for reason, spec in cases.items():
+        with pytest.raises(SessionError, match=reason):
+            backend.check_spec(spec)
+        with pytest.raises(SessionError):
+            backend.prepare(spec)
+        assert spec.key not in {session.key for session in backend.list_sessions()}
+
+
+def test_a_partition_booking_gets_a_node_with_the_gpus(cluster: SlurmSite) -> None:
+    backend = cluster.backend()
+    first = cluster.spec(gpus=3, place="partition:gpu")
+    backend.prepare(first)
+    second = cluster.spec(gpus=2, place="partition:gpu")
+    with pytest.raises(SessionError, match="no node of partition gpu has 2"):
+        backend.check_spec(second)
+    backend.stop(first.key, timedelta(0))
