@@ -58,11 +58,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# ext4 without a journal (the layer dies with its session), inode tables initialised
+# ext4 without a journal (the layer dies with its session), nosuid and nodev (a set-id
+# file or a device node left in a layer gives nothing to anyone), inode tables initialised
 # lazily and never in the background (`noinit_itable`): the file stays sparse
 MKFS = ("mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-m", "0",
         "-E", "lazy_itable_init=1,nodiscard")  # fmt: skip
-MOUNT_OPTIONS = "loop,noinit_itable"
+MOUNT_OPTIONS = "loop,nosuid,nodev,noinit_itable"
 COMMAND_TIMEOUT = 30
 
 

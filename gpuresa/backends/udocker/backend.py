@@ -23,7 +23,7 @@ from collections.abc import Collection
 from datetime import UTC, datetime, timedelta
 from pathlib import Path, PurePosixPath
 
-from gpuresa.access import AccessError, Account, authorized_keys, host_account
+from gpuresa.access import LOWEST_HOST_UID, AccessError, Account, authorized_keys, host_account
 from gpuresa.backends.udocker import launch, tools
 from gpuresa.backends.udocker.cgroups import CGROUP_ROOT, SessionCgroup, listed
 from gpuresa.backends.udocker.records import Record, Records, write_file
@@ -97,10 +97,16 @@ class UdockerBackend:
     def account(self, spec: SessionSpec) -> Account:
         """The login's host account; `SessionError` when it has none (sessions run as it)."""
         account = host_account(spec.user)
-        if account is None or account.uid == 0:
+        if account is None:
             raise SessionError(
                 f"session {spec.key}: login {spec.user!r} has no account on host "
                 f"{spec.host}: udocker sessions run as the user's own account"
+            )
+        if account.uid < LOWEST_HOST_UID:
+            # a system account (root, a database's, a daemon's): no booking runs as it
+            raise SessionError(
+                f"session {spec.key}: login {spec.user!r} is a system account on host "
+                f"{spec.host} (uid {account.uid}, below {LOWEST_HOST_UID})"
             )
         return account
 

@@ -10,11 +10,14 @@ session's own SSH host key, which the user's sshd must read).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
 import shutil
+import stat
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -139,19 +142,44 @@ class Records:
             return None
 
     def host_key(self, key: str, account: Account) -> Path:
-        """The session's own SSH host key (made once), the user's, for the user's sshd."""
-        folder = self.folder(key) / "ssh"
-        folder.mkdir(mode=0o700, exist_ok=True)
-        os.chown(folder, account.uid, account.gid)
+        """The session's own SSH host key (made once), the user's, for the user's sshd.
+
+        The `ssh` folder is the user's, so nothing in it is touched by path as
+        root: the key is made in a root-only folder beside it, given to the user
+        through its descriptor, and renamed into place (a rename replaces a link
+        the user planted there, it never follows it).
+        """
+        session = self.folder(key)
+        folder = session / "ssh"
+        with contextlib.suppress(FileExistsError):
+            folder.mkdir(mode=0o700)
+        details = folder.lstat()
+        if not stat.S_ISDIR(details.st_mode):
+            raise OSError(f"{folder} is not a folder")
+        if (details.st_uid, details.st_gid) != (account.uid, account.gid):
+            os.lchown(folder, account.uid, account.gid)
         path = folder / HOST_KEY
-        if not path.exists():
+        if path.is_file():
+            return path
+        making = Path(tempfile.mkdtemp(prefix=".ssh-", dir=session))
+        try:
+            made = making / HOST_KEY
             subprocess.run(
                 ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"gpuresa-{key}"[:60],
-                 "-f", str(path)],
+                 "-f", str(made)],
                 check=True, capture_output=True, timeout=30,
             )  # fmt: skip
-            for made in (path, path.with_suffix(".pub")):
-                os.chown(made, account.uid, account.gid)
+            for name in (HOST_KEY, f"{HOST_KEY}.pub"):
+                descriptor = os.open(making / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                try:
+                    os.fchown(descriptor, account.uid, account.gid)
+                finally:
+                    os.close(descriptor)
+            # the public half first: the private key's presence says the pair is complete
+            os.rename(making / f"{HOST_KEY}.pub", folder / f"{HOST_KEY}.pub")
+            os.rename(making / HOST_KEY, path)
+        finally:
+            shutil.rmtree(making, ignore_errors=True)
         return path
 
     def remove(self, key: str) -> None:
