@@ -13,7 +13,7 @@ import inspect
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -115,8 +115,8 @@ class EmptyEngine:
     def host_gpus(self) -> tuple[int, ...]:
         return (0, 1, 2, 3)
 
-    def collect_garbage(self, busy: set[str]) -> list[str]:
-        self.collections.append(busy)
+    def cleanup(self, busy: Collection[str]) -> list[str]:
+        self.collections.append(set(busy))
         return []
 
 

@@ -49,6 +49,7 @@ CONFIG = parse_config(
                 "ssh_ports": "20000-20002",
                 "ftp_ports": "21000-21009",
                 "ftp_passive_ports": "30000-30099",
+                "ftp_passive_per_session": 10,
             }
         ],
     }
