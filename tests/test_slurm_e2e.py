@@ -98,6 +98,14 @@ def login(site: SlurmSite, port: int) -> paramiko.SSHClient:
     return client
 
 
+def journal_state(path: Path, key: str) -> str | None:
+    journal = Journal(path, read_only=True)
+    try:
+        return journal.state(key)
+    finally:
+        journal.close()
+
+
 def test_a_booking_runs_as_a_slurm_job_and_survives_a_daemon_kill(cluster: SlurmSite) -> None:
     config = write_config(cluster)
     user = cluster.users[0]
@@ -107,12 +115,21 @@ def test_a_booking_runs_as_a_slurm_job_and_survives_a_daemon_kill(cluster: Slurm
     (folder / "b.ics").write_text(ics_event("slurm-b", start, end, user, "gpus: 2"))
     (folder / "bad.ics").write_text(ics_event("slurm-bad", start, end, user, "node: nowhere"))
     name = slurm_name("cluster", "slurm-b")
+
+    def state(key: str) -> str | None:
+        return journal_state(cluster.root / "state" / "journal.sqlite", key)
+
     log = cluster.root / "daemon.log"
     process = daemon(config, log)
     try:
         # before the start: the reservation, for the user, on the node; no job yet
         shown = wait_for(
-            lambda: slurm("scontrol", "-o", "show", "reservation", name), 30, "the reservation"
+            lambda: (
+                "ReservationName=" + name in (text := slurm("scontrol", "-o", "show", "res"))
+                and text
+            ),
+            30,
+            "the reservation",
         )
         assert f"Users={user}" in shown, shown
         assert datetime.now(UTC) < start and jobs_named(name) == []
@@ -148,14 +165,10 @@ def test_a_booking_runs_as_a_slurm_job_and_survives_a_daemon_kill(cluster: Slurm
         assert datetime.now(UTC) >= end - timedelta(seconds=1)
         outputs = list((cluster.shared / "output" / user).glob("*/result.txt"))
         assert [item.read_text() for item in outputs] == ["kept\n"]
+        wait_for(lambda: state("slurm-b") == "ended", 20, "the journal's end")
+        assert state("slurm-bad") == "failed"
         records = cluster.root / "state" / "outputs"
         assert records.is_dir() and any(records.rglob("*")), "no retention record"
-        journal = Journal(cluster.root / "state" / "journal.sqlite", read_only=True)
-        try:
-            assert journal.state("slurm-bad") == "failed"
-            assert journal.state("slurm-b") == "ended"
-        finally:
-            journal.close()
         assert "the cluster has no node 'nowhere'" in log.read_text()
     finally:
         process.kill()
