@@ -86,6 +86,11 @@ def slurm(*argv: str) -> str:
     return subprocess.run(argv, capture_output=True, text=True, check=False).stdout
 
 
+def reservation_line(name: str) -> str | None:
+    shown = slurm("scontrol", "-o", "show", "reservation").splitlines()
+    return next((line for line in shown if line.startswith(f"ReservationName={name} ")), None)
+
+
 def jobs_named(name: str) -> list[str]:
     return slurm("squeue", "-h", "-n", name, "-o", "%i %T %u %b").splitlines()
 
@@ -123,14 +128,7 @@ def test_a_booking_runs_as_a_slurm_job_and_survives_a_daemon_kill(cluster: Slurm
     process = daemon(config, log)
     try:
         # before the start: the reservation, for the user, on the node; no job yet
-        shown = wait_for(
-            lambda: (
-                "ReservationName=" + name in (text := slurm("scontrol", "-o", "show", "res"))
-                and text
-            ),
-            30,
-            "the reservation",
-        )
+        shown = wait_for(lambda: reservation_line(name), 30, "the reservation")
         assert f"Users={user}" in shown, shown
         assert datetime.now(UTC) < start and jobs_named(name) == []
         # at the start: the user's job, holding the two booked GPUs
