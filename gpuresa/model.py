@@ -79,6 +79,8 @@ class Reservation:
     uid_derived: bool = False
     # the calendar object (href or file name) the booking was read from
     href: str = ""
+    # where a scheduler runs it: a node, "partition:<name>" or "" (see SessionSpec.place)
+    place: str = ""
 
 
 @dataclass(frozen=True)

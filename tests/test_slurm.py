@@ -147,3 +147,31 @@ def test_a_partition_booking_gets_a_node_with_the_gpus(cluster: SlurmSite) -> No
     with pytest.raises(SessionError, match="no node of partition gpu has 2"):
         backend.check_spec(second)
     backend.stop(first.key, timedelta(0))
+
+
+def test_a_node_is_not_booked_past_its_gpus(cluster: SlurmSite) -> None:
+    backend = cluster.backend()
+    first = cluster.spec(gpus=3)
+    backend.prepare(first)
+    second = cluster.spec(gpus=2)
+    with pytest.raises(SessionError, match=f"3 of the 4 of node {NODE} are booked"):
+        backend.prepare(second)
+    later = cluster.spec(gpus=2, start=first.end, end=first.end + timedelta(hours=1))
+    backend.check_spec(later)
+    backend.stop(first.key, timedelta(0))
+
+
+def test_the_time_limit_never_ends_before_the_booking(cluster: SlurmSite) -> None:
+    now = datetime.now(UTC).replace(microsecond=0)
+    spec = cluster.spec(end=now + timedelta(seconds=61))
+    backend = cluster.backend()
+    started = backend.start(spec)
+    job = next(item.split()[1] for item in started.containers if item.startswith("job "))
+    assert squeue(job, "%l") == "2:00"
+    longer = spec.end + timedelta(seconds=95)
+    backend.extend(spec.key, longer)
+    ends = datetime.fromisoformat(squeue(job, "%e")).replace(tzinfo=UTC)
+    assert ends >= longer, (ends, longer)
+    backend.stop(spec.key, timedelta(seconds=1))
+    # the stop hands the output over and dates it for its retention
+    assert any((cluster.root / "state" / "outputs").rglob("*"))

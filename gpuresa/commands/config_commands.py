@@ -30,6 +30,8 @@ ISOLATION = {
     "root-only and nosuid,nodev while running, privileges cleared at hand-over)",
     "podman": "podman userns=auto (a host id range per session; outputs root-only and "
     "nosuid,nodev while running, privileges cleared at hand-over)",
+    "slurm": "slurm jobs as the booking's own login (no root in a session; the job's "
+    "GPUs confined by the cluster's cgroup.conf)",
 }
 
 

@@ -120,6 +120,10 @@ def status_report(config: Config, now: datetime) -> dict[str, Any]:
             # the host uids its user namespace maps 0-65535 onto (one range per
             # session on Podman, the same for all on Docker)
             "host_ids": str(session.id_range) if session.id_range else None,
+            # where a scheduler runs it (a Slurm node) and what holds it there
+            # (its reservation and job); containers on an engine
+            "place": session.place or None,
+            "units": list(session.containers),
         }
         for session in sorted(sessions, key=lambda item: (item.start, item.key))
     ]
@@ -226,6 +230,11 @@ def status_command(arguments: argparse.Namespace) -> int:
             f"  [{item['state']}]  GPU use {_percent(item['gpu_use_now'])} now,"
             f" {_percent(item['gpu_use_average'])} average"
             f"  host ids {item['host_ids'] or 'none'}"
+            + (
+                f"  node {item['place']}: {', '.join(item['units']) or '-'}"
+                if report["engine"] == "slurm"
+                else ""
+            )
         )
     echo(f"\nupcoming reservations ({len(report['upcoming'])}):")
     for item in report["upcoming"]:

@@ -105,7 +105,12 @@ class GpuWatch:
         """At monotonic `now`: recreations still owed, then a sample if one is due."""
         if self._lost_inside:
             self._recreate_lost()
-        if self.sampler is None or self.tools.context.config.telemetry.backend == "none":
+        config = self.tools.context.config
+        if self.sampler is None or config.telemetry.backend == "none":
+            return
+        if config.host().engine == "slurm":
+            # telemetry reads this machine's GPUs, and a cluster's sessions run on its nodes:
+            # matched against them, the login node's GPUs would pass for the sessions'
             return
         if not self.job.due(now):
             return

@@ -335,6 +335,11 @@ def _prepared_differs(
         return True
     if now < reservation.start - config.daemon.prepare_ahead:
         return True
+    if _scheduled(inventory):
+        # the node's GPUs are the scheduler's to count; a booking moved to another node
+        # is prepared again there
+        node = reservation.place
+        return bool(node) and not node.startswith("partition:") and node != session.place
     for holding in holdings:
         overlaps = holding.start < reservation.end and reservation.start < holding.end
         if overlaps and set(holding.gpus) & set(session.gpus):
@@ -433,9 +438,17 @@ def _allocate(
     holdings: list[Holding],
     taken_ports: list[Ports],
 ) -> SessionSpec | str:
-    """A spec with GPUs and ports for a new session, or the reason there is none."""
+    """A spec with GPUs and ports for a new session, or the reason there is none.
+
+    On a cluster (`_scheduled`) the GPUs are a count on the node the backend
+    chooses, which refuses a booking its node cannot hold: the planner counts
+    none of them (one host-wide list would over-book some nodes and refuse
+    bookings that other nodes can serve).
+    """
     gpus: tuple[int, ...] = ()
-    if reservation.gpus > 0 and inventory.host.gpu_mode != "none":
+    if _scheduled(inventory):
+        gpus = tuple(range(reservation.gpus))
+    elif reservation.gpus > 0 and inventory.host.gpu_mode != "none":
         chosen = allocate_gpus(
             inventory.gpus, reservation.gpus, reservation.start, reservation.end, holdings
         )
@@ -463,7 +476,13 @@ def _allocate(
         ftp_passive_first=ports.passive_first,
         ftp_passive_last=ports.passive_last,
         email=reservation.email,
+        place=reservation.place if _scheduled(inventory) else "",
     )
+
+
+def _scheduled(inventory: Inventory) -> bool:
+    """Whether a scheduler (Slurm) places sessions and counts their GPUs on its nodes."""
+    return inventory.host.engine == "slurm"
 
 
 def _spec_from_session(session: Session, reservation: Reservation) -> SessionSpec:
@@ -482,6 +501,8 @@ def _spec_from_session(session: Session, reservation: Reservation) -> SessionSpe
         ftp_passive_first=session.ftp_passive_first,
         ftp_passive_last=session.ftp_passive_last,
         email=reservation.email or session.email,
+        # the node the backend chose stays the session's
+        place=session.place,
     )
 
 

@@ -20,6 +20,9 @@ occurrence alone, with a reason its user can act on (fail closed):
   the DESCRIPTION, then the calendar's defaults. The template and its CUDA
   variant must exist; GPUs are a whole number from 1 to the host's count, or
   `all`.
+- **place** (hosts of engine "slurm"): `node: NAME` or `partition: NAME`
+  (`X-GPURESA-NODE`/`-PARTITION`, DESCRIPTION lines), a Slurm name; not
+  both. Whether the cluster has it, and the GPUs, is the backend's to say.
 - **time**: the end after the start; no longer than `reservations.max_duration`.
 
 Over-booking is decided across calendars by `resolve_conflicts`: on one host,
@@ -75,7 +78,16 @@ _HTML_TAG = re.compile(r"<[^<>]{0,500}>")
 _CUDA_PREFIX = re.compile(r"(?i)cuda[\s:=-]*")
 _GPU_COUNT = re.compile(r"[0-9]{1,4}")
 # keys of `key: value` lines in DESCRIPTION, as people write them
-_DESCRIPTION_KEYS = {"template": "template", "cuda": "cuda", "gpus": "gpus", "gpu": "gpus"}
+_DESCRIPTION_KEYS = {
+    "template": "template",
+    "cuda": "cuda",
+    "gpus": "gpus",
+    "gpu": "gpus",
+    "node": "node",
+    "partition": "partition",
+}
+# a Slurm node or partition name as a booking may give it
+_PLACE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _KEY_SPELLING = str.maketrans("", "", " \t_-")
 _SUMMARY_LIMIT = 1000
 _LATEST = datetime.max.replace(tzinfo=UTC)
@@ -120,7 +132,8 @@ def host_gpu_count(host: HostConfig) -> int | None:
     has no upper bound here and over-booking is decided later, by the runtime
     on the host itself.
     """
-    if host.gpu_mode == "none" or host.gpus == "auto":
+    if host.gpu_mode == "none" or host.gpus == "auto" or host.engine == "slurm":
+        # a cluster's GPUs are per node: its backend refuses what a node cannot hold
         return None
     return len(host.gpus)
 
@@ -140,6 +153,7 @@ class _Booking:
     stamp: datetime | None
     tentative: bool
     problems: tuple[str, ...]
+    place: str = ""
 
 
 def read_calendar(
@@ -325,6 +339,7 @@ class _BookingReader:
             tentative=booking.tentative,
             uid_derived=occurrence.component.uid_derived,
             href=occurrence.href,
+            place=booking.place,
         )
 
     def reject_problem(self, problem: Problem) -> Rejection:
@@ -396,6 +411,7 @@ class _BookingReader:
         fields = self._fields(component, from_regex)
         template, cuda = self._template(fields, problems)
         gpus = self._gpus(fields, host, problems)
+        place = _place(fields, problems)
         status = component.first("STATUS")
         tentative = status is not None and status.value.strip().upper() == "TENTATIVE"
         return _Booking(
@@ -410,6 +426,7 @@ class _BookingReader:
             stamp=read_stamp(component, "DTSTAMP", self.site_zone),
             tentative=tentative,
             problems=tuple(problems),
+            place=place,
         )
 
     # --- user -------------------------------------------------------------------------
@@ -486,7 +503,7 @@ class _BookingReader:
     def _fields(self, component: Component, from_regex: Mapping[str, str]) -> dict[str, str]:
         """template/cuda/gpus: regex groups, then X-GPURESA-*, then DESCRIPTION lines."""
         fields = _description_fields(component.text("DESCRIPTION") or "")
-        for name in ("template", "cuda", "gpus"):
+        for name in ("template", "cuda", "gpus", "node", "partition"):
             value = component.text(f"X-GPURESA-{name.upper()}")
             if value is not None and value.strip():
                 fields[name] = _clean(value).strip()
@@ -554,6 +571,22 @@ class _BookingReader:
         elif count is not None and wanted > count:
             problems.append(f"{wanted} GPUs asked, but host {host!r} has {count}")
         return wanted
+
+
+def _place(fields: Mapping[str, str], problems: list[str]) -> str:
+    """The booking's Slurm place: a node, "partition:<name>", or "" (the site's default)."""
+    node, partition = fields.get("node"), fields.get("partition")
+    if node and partition:
+        problems.append("give a node or a partition, not both")
+        return ""
+    name = node or partition
+    if not name:
+        return ""
+    if not _PLACE_NAME.fullmatch(name.strip()):
+        kind = "node" if node else "partition"
+        problems.append(f"{_show(name)} is not a {kind} name (letters, digits, '.', '_', '-')")
+        return ""
+    return name.strip() if node else "partition:" + name.strip()
 
 
 def _clean(text: str) -> str:

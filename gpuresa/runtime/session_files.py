@@ -115,8 +115,11 @@ def motd_text(facts: SessionFacts, timezone: str) -> str:
 class SessionFiles:
     """The per-session folders under `root` (`<state_dir>/sessions`)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, root_mode: int = ROOT_MODE) -> None:
+        """`root_mode`: the mode of `root` itself (0711 where the users' own processes,
+        not bind mounts, reach their session's folder: a Slurm job's sshd)."""
         self.root = root
+        self.root_mode = root_mode
 
     def path(self, key: str) -> Path:
         """The folder of session `key` on the host (what is mounted in the container)."""
@@ -196,11 +199,11 @@ class SessionFiles:
         """A descriptor of the session's folder, made if missing, checked to be root's alone."""
         path = self.path(key)
         try:
-            self.root.mkdir(mode=ROOT_MODE, parents=True, exist_ok=True)
+            self.root.mkdir(mode=self.root_mode, parents=True, exist_ok=True)
             parent = _open_folder(self.root)
             try:
                 # an older install made it 0755: closed on every write
-                os.fchmod(parent, ROOT_MODE)
+                os.fchmod(parent, self.root_mode)
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(path.name, FOLDER_MODE, dir_fd=parent)
                 folder = _open_folder(Path(path.name), parent)

@@ -53,6 +53,12 @@ _RUNNING = {"RUNNING"}
 _WAITING = {"PENDING", "CONFIGURING", "REQUEUED", "RESIZING", "SUSPENDED"}
 
 
+def limit_minutes(start: datetime, end: datetime) -> int:
+    """A job time limit, in the whole minutes Slurm counts, that runs from `start` to no
+    earlier than `end` (at least one)."""
+    return max(1, math.ceil((end - start).total_seconds() / 60))
+
+
 def slurm_name(host: str, key: str) -> str:
     """The name of session `key`'s reservation and job on `host`."""
     return PREFIX + hashlib.sha256(f"{host}\0{key}".encode()).hexdigest()[:12]
@@ -67,7 +73,8 @@ class SlurmBackend:
         settings = config.slurm
         self.gateway = gateway or SlurmGateway(settings.timeout.total_seconds())
         self.records = Records(config.daemon.state_dir / "slurm")
-        self.files = SessionFiles(settings.shared_dir / "sessions")
+        # the users' sshd reads its session's folder by its path: traversable, not listable
+        self.files = SessionFiles(settings.shared_dir / "sessions", root_mode=0o711)
         self.runs = settings.shared_dir / "runs"
         self.reserver = Reserver(self.gateway, settings.gres_reservations, PREFIX)
 
@@ -95,6 +102,12 @@ class SlurmBackend:
                 raise SessionError(f"the cluster has no node {place!r}")
             if count > node.gpus or any(index >= node.gpus for index in spec.gpus):
                 raise SessionError(f"{count} GPU(s) asked, but node {place} has {node.gpus}")
+            booked = self._gpus_booked(spec).get(node.name, 0)
+            if booked + count > node.gpus:
+                raise SessionError(
+                    f"{count} GPU(s) asked, but {booked} of the {node.gpus} of node {place} "
+                    "are booked through gpuresa at that time"
+                )
             return node
         partition = place.removeprefix(PARTITION)
         members = [node for node in nodes.values() if not partition or partition in node.partitions]
@@ -157,8 +170,9 @@ class SlurmBackend:
         deadline = time.monotonic() + max(ready_timeout, self.config.slurm.start_timeout.seconds)
         job = self._wait_running(record, deadline)
         if record.job_start is None:
-            # the time limit counts from here: an extension is measured from it
-            record = record.with_job_start(datetime.now(UTC))
+            # the time limit counts from the job's start (Slurm's): an extension is measured
+            # from it, so that the new limit never ends before the booking
+            record = record.with_job_start(job.start or datetime.now(UTC))
             self.records.put(record)
         self._wait_ssh(record, deadline)
         self.reserver.hand_over(record, job)
@@ -166,10 +180,13 @@ class SlurmBackend:
             if other.node == record.node and other.key != record.key and other.job is None:
                 with contextlib.suppress(SessionError):
                     self.reserver.reserve(other, waiting_is_fine=True)
-        return self._session(record, job)
+        # node reservations are gone once handed over; GRES reservations stand to the end
+        return self._session(record, job, reserved=self.reserver.gres_mode())
 
     def _submit(self, record: Record) -> int:
-        minutes = max(1, math.ceil((record.end - datetime.now(UTC)).total_seconds() / 60))
+        # whole minutes, rounded up from now: the limit counts from the job's start, which
+        # is now or later, so the job never ends before the booking (gpuresa stops it then)
+        minutes = limit_minutes(datetime.now(UTC), record.end)
         argv = [
             "sbatch",
             "--parsable",
@@ -246,6 +263,8 @@ class SlurmBackend:
         self.files.remove(key)
         shutil.rmtree(self.runs / record.name, ignore_errors=True)
         self.records.remove(key)
+        log.info("%s: stopped; output kept in %s", key, record.output)
+        self.finish_stop(record.session("stopped", Path(record.output)))
 
     def reset(self, key: str) -> None:
         """Nothing to remake: Slurm grants a job's GPUs itself, for the job's whole life."""
@@ -273,17 +292,25 @@ class SlurmBackend:
         return live[0] if live else None
 
     def list_sessions(self) -> list[Session]:
+        records = self.records.all()
+        if not records:
+            return []
         jobs = {job.name: job for job in self.gateway.jobs(PREFIX)}
-        return [self._session(record, jobs.get(record.name)) for record in self.records.all()]
+        standing = set(self.gateway.reservations())
+        return [
+            self._session(record, jobs.get(record.name), record.name in standing)
+            for record in records
+        ]
 
-    def _session(self, record: Record, job: Job | None) -> Session:
+    def _session(self, record: Record, job: Job | None, reserved: bool = True) -> Session:
+        """The session of `record`: its state from `job`; `reserved`: its reservation stands."""
         if job is not None and job.state in _RUNNING:
             state = "running"
         elif job is None and record.job is not None:
             state = "stopped"
         else:
             state = "created"
-        return record.session(state, Path(record.output))
+        return record.session(state, Path(record.output), reserved=reserved)
 
     def message(self, key: str, text: str) -> None:
         self.files.show_message(key, text, datetime.now(UTC))
@@ -296,8 +323,9 @@ class SlurmBackend:
         self.records.put(record)
         self.reserver.extend(record)
         job = self._job(record)
-        if job is not None and record.job_start is not None:
-            minutes = math.ceil((end - record.job_start).total_seconds() / 60)
+        began = (job.start if job else None) or record.job_start
+        if job is not None and began is not None:
+            minutes = limit_minutes(began, end)
             self.gateway.scontrol("update", "", {"JobId": str(job.id), "TimeLimit": str(minutes)})
         self._show(record)
 

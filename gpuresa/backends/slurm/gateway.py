@@ -65,6 +65,8 @@ class Job:
     reservation: str
     gres: str
     end: datetime | None
+    # when it began running (None while it waits): its time limit counts from here
+    start: datetime | None = None
 
 
 def fields(line: str) -> dict[str, str]:
@@ -197,6 +199,7 @@ class SlurmGateway:
             if not name.startswith(prefix):
                 continue
             end = job.get("end_time")
+            began = job.get("start_time") if job.get("job_state") != "PENDING" else None
             found.append(
                 Job(
                     int(job["job_id"]),
@@ -207,6 +210,7 @@ class SlurmGateway:
                     str(job.get("resv_name", "") or ""),
                     str(job.get("tres_per_node", "") or ""),
                     datetime.fromtimestamp(int(end), UTC) if end else None,
+                    datetime.fromtimestamp(int(began), UTC) if began else None,
                 )
             )
         return found

@@ -73,8 +73,9 @@ class Record:
     def with_end(self, end: datetime) -> Record:
         return dataclasses.replace(self, end=end)
 
-    def session(self, state: str, output_dir: Path) -> Session:
-        """The session this record describes, in `state`."""
+    def session(self, state: str, output_dir: Path, *, reserved: bool = True) -> Session:
+        """The session this record describes, in `state`; `reserved`: its reservation stands
+        (`containers` names it, and the job once there is one)."""
         return Session(
             key=self.key,
             user=self.user,
@@ -93,7 +94,10 @@ class Record:
             email=self.email,
             containers=tuple(
                 item
-                for item in (f"reservation {self.name}", f"job {self.job}" if self.job else "")
+                for item in (
+                    f"reservation {self.name}" if reserved else "",
+                    f"job {self.job}" if self.job else "",
+                )
                 if item
             ),
             place=self.node,

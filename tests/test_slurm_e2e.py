@@ -1,0 +1,173 @@
+"""End to end on the real Slurm: an ICS booking served by `gpuresa run` as its own process.
+
+The booking becomes a reservation visible in Slurm before its start, then at
+the start a job of the booking's user holding the booked GPUs, reached over
+SSH as that user, who sees the warning; the job ends at the booking's end and
+the output stays, dated for its retention. The daemon is killed with SIGKILL
+mid-booking and started again: it adopts the reservation and the job and
+makes neither twice. A booking naming a node the cluster does not have fails
+with that reason, and the other goes on.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import paramiko
+import pytest
+from slurm_site import SlurmSite, slurm_site
+from support.configs import free_ports
+from support.waiting import wait_for
+from test_daemon_cli import ics_event
+from test_runtime import run
+
+from gpuresa.backends.slurm import slurm_name
+from gpuresa.journal.store import Journal
+
+
+@pytest.fixture(name="cluster")
+def cluster_fixture(tmp_path: Path) -> Iterator[SlurmSite]:
+    with slurm_site(tmp_path, users=1) as site:
+        yield site
+
+
+def write_config(site: SlurmSite) -> Path:
+    first = free_ports(4)
+    config = site.root / "config.toml"
+    config.write_text(
+        f"""
+[daemon]
+host = "cluster"
+state_dir = "{site.root / "state"}"
+poll_interval = "1s"
+prepare_ahead = "20s"
+stop_grace = "1s"
+warnings = ["30s"]
+[[calendars]]
+name = "folder"
+kind = "ics"
+url = "{site.root / "calendar"}"
+host = "cluster"
+default_template = "pytorch"
+[[hosts]]
+name = "cluster"
+engine = "slurm"
+bind_address = "127.0.0.1"
+ssh_ports = "{first}-{first + 3}"
+[users]
+keys_dir = "{site.root / "keys"}"
+host_authorized_keys = false
+[storage]
+output_root = "{site.shared / "output"}"
+[slurm]
+shared_dir = "{site.shared}"
+start_timeout = "60s"
+"""
+    )
+    (site.root / "calendar").mkdir()
+    return config
+
+
+def daemon(config: Path, log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpuresa.cli", "--config", str(config), "-v", "run"],
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+    )
+
+
+def slurm(*argv: str) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, check=False).stdout
+
+
+def reservation_line(name: str) -> str | None:
+    shown = slurm("scontrol", "-o", "show", "reservation").splitlines()
+    return next((line for line in shown if line.startswith(f"ReservationName={name} ")), None)
+
+
+def jobs_named(name: str) -> list[str]:
+    return slurm("squeue", "-h", "-n", name, "-o", "%i %T %u %b").splitlines()
+
+
+def login(site: SlurmSite, port: int) -> paramiko.SSHClient:
+    client = paramiko.SSHClient()
+    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+    client.connect("127.0.0.1", port=port, username=site.users[0], pkey=site.key(site.users[0]),
+                   allow_agent=False, look_for_keys=False, timeout=10)  # fmt: skip
+    return client
+
+
+def journal_state(path: Path, key: str) -> str | None:
+    journal = Journal(path, read_only=True)
+    try:
+        return journal.state(key)
+    finally:
+        journal.close()
+
+
+def test_a_booking_runs_as_a_slurm_job_and_survives_a_daemon_kill(cluster: SlurmSite) -> None:
+    config = write_config(cluster)
+    user = cluster.users[0]
+    now = datetime.now(UTC).replace(microsecond=0)
+    start, end = now + timedelta(seconds=30), now + timedelta(seconds=110)
+    folder = cluster.root / "calendar"
+    (folder / "b.ics").write_text(ics_event("slurm-b", start, end, user, "gpus: 2"))
+    (folder / "bad.ics").write_text(ics_event("slurm-bad", start, end, user, "node: nowhere"))
+    name = slurm_name("cluster", "slurm-b")
+
+    def state(key: str) -> str | None:
+        return journal_state(cluster.root / "state" / "journal.sqlite", key)
+
+    log = cluster.root / "daemon.log"
+    process = daemon(config, log)
+    try:
+        # before the start: the reservation, for the user, on the node; no job yet
+        shown = wait_for(lambda: reservation_line(name), 30, "the reservation")
+        assert f"Users={user}" in shown, shown
+        assert datetime.now(UTC) < start and jobs_named(name) == []
+        # at the start: the user's job, holding the two booked GPUs
+        job = wait_for(lambda: [j for j in jobs_named(name) if "RUNNING" in j], 60, "the job")
+        assert len(job) == 1 and job[0].split()[2:] == [user, "gres:gpu:2"], job
+        job_id = job[0].split()[0]
+        status = subprocess.run(
+            [sys.executable, "-m", "gpuresa.cli", "--config", str(config), "status"],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        assert f"job {job_id}" in status, status
+        port = int(status.split("ssh ")[1].split()[0])
+        with login(cluster, port) as client:
+            code, output = run(client, "id -un; echo $CUDA_VISIBLE_DEVICES")
+            assert code == 0 and output.split() == [user, "0,1"], output
+            run(client, "echo kept > $GPURESA_OUTPUT/result.txt")
+        # the daemon killed mid-booking, started again: it adopts, doubles nothing
+        process.send_signal(signal.SIGKILL)
+        process.wait(10)
+        process = daemon(config, log)
+        time.sleep(8)
+        assert [line.split()[0] for line in jobs_named(name)] == [job_id]
+        assert name not in slurm("scontrol", "-o", "show", "reservation")
+        # the warning reaches the session 30 s before the end
+        with login(cluster, port) as client:
+            message = wait_for(
+                lambda: run(client, "cat $GPURESA_SESSION/message 2>/dev/null")[1], 50, "warning"
+            )
+            assert "end" in message.lower(), message
+        # at the end: the job ends, the output stays and is dated
+        wait_for(lambda: jobs_named(name) == [], (end - datetime.now(UTC)).seconds + 20, "end")
+        assert datetime.now(UTC) >= end - timedelta(seconds=1)
+        outputs = list((cluster.shared / "output" / user).glob("*/result.txt"))
+        assert [item.read_text() for item in outputs] == ["kept\n"]
+        wait_for(lambda: state("slurm-b") == "ended", 20, "the journal's end")
+        assert state("slurm-bad") == "failed"
+        records = cluster.root / "state" / "outputs"
+        assert records.is_dir() and any(records.rglob("*")), "no retention record"
+        assert "the cluster has no node 'nowhere'" in log.read_text()
+    finally:
+        process.kill()
+        process.wait(10)

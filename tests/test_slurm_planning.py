@@ -1,0 +1,127 @@
+"""Calendars name a Slurm node or partition; the planner leaves a cluster's GPUs to its nodes.
+
+Pure: the calendar reader and the planner, with no Slurm. What a node can
+hold is the backend's to refuse (tests/test_slurm.py, tests/test_slurm_e2e.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from test_reservations import VARIANTS, WINDOW, event, make_config
+
+from gpuresa.config.sections import Config
+from gpuresa.model import ReservationSet, Session, SessionSpec
+from gpuresa.planning.planner import Fail, Inventory, Prepare, Start, plan
+from gpuresa.reservations.rules import host_gpu_count, read_calendar, resolve_conflicts
+
+CLUSTER = [{"name": "cluster", "engine": "slurm", "ssh_ports": "20000-20009"}]
+
+
+def cluster_config() -> Config:
+    config = make_config({"host": "cluster"}, hosts=[*CLUSTER, {"name": "gpu1", "gpus": [0]}])
+    return dataclasses.replace(config, daemon=dataclasses.replace(config.daemon, host="cluster"))
+
+
+def read(text: str, config: Config | None = None) -> ReservationSet:
+    config = config or cluster_config()
+    return read_calendar(
+        config.calendars[0], config, [("one.ics", text)], *WINDOW, variants=VARIANTS
+    )
+
+
+@pytest.mark.parametrize(
+    ("description", "extra", "place"),
+    [
+        ("template: pytorch\\nnode: n1", "", "n1"),
+        ("template: pytorch\\nPartition = gpu", "", "partition:gpu"),
+        ("template: pytorch", "X-GPURESA-NODE:n7", "n7"),
+        ("template: pytorch", "X-GPURESA-PARTITION:big-gpu", "partition:big-gpu"),
+        ("template: pytorch", "", ""),
+    ],
+)
+def test_a_booking_names_its_node_or_partition(description: str, extra: str, place: str) -> None:
+    found = read(event(description=description, extra=extra))
+    assert found.rejected == ()
+    [reservation] = found.reservations
+    assert reservation.place == place
+
+
+@pytest.mark.parametrize(
+    ("description", "reason"),
+    [
+        ("template: pytorch\\nnode: n1\\npartition: gpu", "a node or a partition, not both"),
+        ("template: pytorch\\nnode: n1;rm -rf", "is not a node name"),
+        ("template: pytorch\\npartition: ../etc", "is not a partition name"),
+        ("template: pytorch\\nnode: -n1", "is not a node name"),
+    ],
+)
+def test_a_place_that_is_no_slurm_name_is_rejected(description: str, reason: str) -> None:
+    found = read(event(description=description))
+    assert found.reservations == ()
+    [rejection] = found.rejected
+    assert reason in rejection.reason
+
+
+def test_a_clusters_gpus_are_counted_per_node_not_per_host() -> None:
+    config = cluster_config()
+    assert host_gpu_count(config.host("cluster")) is None
+    # eight GPUs twice at once: the calendar keeps both, the nodes decide
+    first = read(event(description="template: pytorch\\ngpus: 8", uid="a"), config)
+    second = read(event(description="template: pytorch\\ngpus: 8", uid="b"), config)
+    both = resolve_conflicts([*first.reservations, *second.reservations], config)
+    assert len(both.reservations) == 2 and both.rejected == ()
+
+
+def test_the_planner_carries_the_place_and_leaves_gpus_to_the_nodes() -> None:
+    config = cluster_config()
+    inventory = Inventory(config.host(), (0, 1, 2, 3))
+    [one] = read(event(description="template: pytorch\\ngpus: 4\\nnode: n1", uid="a")).reservations
+    [two] = read(event(description="template: pytorch\\ngpus: 4\\nnode: n2", uid="b")).reservations
+    now = one.start - timedelta(seconds=30)
+    actions = plan([one, two], [], inventory, now, config)
+    assert [type(action) for action in actions] == [Prepare, Prepare], actions
+    specs = {action.key: action.spec for action in actions if isinstance(action, Prepare)}
+    assert {spec.place for spec in specs.values() if spec} == {"n1", "n2"}
+    assert all(spec and spec.gpus == (0, 1, 2, 3) for spec in specs.values())
+    ports = {spec.ssh_port for spec in specs.values() if spec}
+    assert len(ports) == 2
+    # prepared on its node, the session starts there; another session's GPU indices do not
+    # make it "differ" (indices are per node)
+    sessions = [
+        session_of(spec, "created", node)
+        for spec, node in zip(specs.values(), ("n1", "n2"), strict=True)
+        if spec
+    ]
+    started = plan([one, two], sessions, inventory, one.start, config)
+    assert sorted(type(action).__name__ for action in started) == ["Start", "Start"]
+    assert all(isinstance(action, Start) and action.spec for action in started)
+    assert {action.spec.place for action in started if isinstance(action, Start) and action.spec}
+    assert not any(isinstance(action, Fail) for action in started)
+    # the booking moved to another node: prepared again there
+    moved = dataclasses.replace(one, place="n3")
+    again = plan([moved, two], sessions, inventory, now, config)
+    assert any(action.key == one.key and type(action).__name__ == "Stop" for action in again)
+
+
+def session_of(spec: SessionSpec, state: str, node: str) -> Session:
+    return Session(
+        key=spec.key,
+        user=spec.user,
+        host=spec.host,
+        template=spec.template,
+        cuda=spec.cuda,
+        gpus=spec.gpus,
+        start=spec.start,
+        end=spec.end,
+        ssh_port=spec.ssh_port,
+        ftp_port=0,
+        ftp_passive_first=0,
+        ftp_passive_last=0,
+        state=state,
+        output_dir=Path("/out") / spec.key,
+        place=node,
+    )
