@@ -76,6 +76,10 @@ SERVICE_FIXTURES = frozenset(
         "radicale",
         "radicale_private",
         "smtp_server",
+        # a backend of the shared contract suite, a Slurm cluster, a GRR database
+        "contract",
+        "cluster",
+        "grr_database",
     }
 )
 

@@ -24,6 +24,9 @@ from test_runtime import run, ssh_login
 from gpuresa.backends.slurm import slurm_name
 from gpuresa.runtime import SessionError
 
+# real host accounts, real daemons and servers: not for the fast lane
+pytestmark = pytest.mark.services
+
 
 @pytest.fixture(name="cluster")
 def cluster_fixture(tmp_path: Path) -> Iterator[SlurmSite]:

@@ -30,6 +30,9 @@ from test_runtime import run
 from gpuresa.backends.slurm import slurm_name
 from gpuresa.journal.store import Journal
 
+# real host accounts, real daemons and servers: not for the fast lane
+pytestmark = pytest.mark.services
+
 
 @pytest.fixture(name="cluster")
 def cluster_fixture(tmp_path: Path) -> Iterator[SlurmSite]:

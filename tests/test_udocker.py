@@ -29,6 +29,9 @@ from gpuresa.config.sections import parse_config
 from gpuresa.model import Session
 from gpuresa.runtime import SessionError
 
+# real host accounts, real daemons and servers: not for the fast lane
+pytestmark = pytest.mark.services
+
 
 class Site:
     def __init__(self, root: Path, login: str, gpu_mode: str = "none", gpus: Any = ()) -> None:
