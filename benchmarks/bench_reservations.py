@@ -39,7 +39,8 @@ from zoneinfo import ZoneInfo
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpuresa.config.sections import Config, parse_config
-from gpuresa.ical import events
+from gpuresa.ical import events, text
+from gpuresa.ical.window import outside_window
 from gpuresa.reservations.catalog import template_variants
 from gpuresa.reservations.rules import read_reservations
 from gpuresa.reservations.sources.caldav import CalDAVSource
@@ -174,26 +175,26 @@ def reading_table() -> None:
         try:
             for objects in calendars.values():
                 for _, data in objects:
-                    events.parse_object(data)
+                    text.parse_object(data)
         finally:
             gc.enable()
 
     def expand_only() -> None:
         for objects in calendars.values():
-            parsed = [(href, events.parse_object(data)) for href, data in objects]
+            parsed = [(href, text.parse_object(data)) for href, data in objects]
             events.expand(parsed, *window, site)
 
     result = read_all(*window)
     occurrences = sum(
-        len(events.expand([(h, events.parse_object(d)) for h, d in objects], *window, site)[0])
+        len(events.expand([(h, text.parse_object(d)) for h, d in objects], *window, site)[0])
         for objects in calendars.values()
     )
     passed_over = sum(
-        events.outside_window(data, *window) is not None
+        outside_window(data, *window) is not None
         for objects in calendars.values()
         for _, data in objects
     )
-    clear = events.parse_object.cache_clear
+    clear = text.parse_object.cache_clear
     cold = best_of(RUNS, lambda: read_all(*window), clear)
     moves = iter(range(1, 100))
 

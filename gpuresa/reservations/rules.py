@@ -45,17 +45,11 @@ from zoneinfo import ZoneInfo
 
 from gpuresa.config.schema import format_duration
 from gpuresa.config.sections import LOGIN, CalendarConfig, Config, HostConfig
-from gpuresa.ical.events import (
-    Component,
-    Occurrence,
-    ParsedObject,
-    Problem,
-    expand,
-    outside_window,
-    parse_object,
-    read_stamp,
-)
-from gpuresa.ical.text import unescape_text
+from gpuresa.ical.events import expand
+from gpuresa.ical.occurrence import Occurrence, Problem
+from gpuresa.ical.text import Component, ParsedObject, parse_object, unescape_text
+from gpuresa.ical.values import read_stamp
+from gpuresa.ical.window import outside_window
 from gpuresa.model import (
     Rejection,
     Reservation,
@@ -162,7 +156,7 @@ def read_calendar(
     Tentative bookings are left out unless the calendar accepts them;
     cancelled ones are no reservation. Objects holding one single event whose
     dates lie well outside the window are not read at all (see
-    `gpuresa.ical.events.outside_window`), so their flaws go unreported until their
+    `gpuresa.ical.window.outside_window`), so their flaws go unreported until their
     time comes near. `variants` is the template catalog
     (template -> CUDA variants, first = default); None reads it from disk.
     `origins`: where gpuresa first saw each UID ((calendar, href), from the
