@@ -2,7 +2,7 @@
 
 This is the "events" stage of the data flow: calendar objects go in, exact
 occurrences (aware UTC start and end, keyed by UID + RECURRENCE-ID) come out,
-each with the VEVENT that describes it; `gpuresa.reservations.rules` then reads the
+each with the VEVENT that describes it; `gpuresa.reservations.booking` then reads the
 booking out of that VEVENT. Nothing here does I/O or reads the clock.
 
 Why not icalendar and recurring-ical-events in this path: measured on the

@@ -21,8 +21,6 @@ MAX_DATES_IN_LIST = 1000
 
 _DATE = re.compile(r"(\d{4})(\d{2})(\d{2})")
 _DATE_TIME = re.compile(r"(\d{4})(\d{2})(\d{2})T(\d{2})(\d{2})(\d{2})(Z?)")
-
-
 _DURATION = re.compile(
     r"([+-]?)P(?:(\d{1,6})W)?(?:(\d{1,6})D)?(?:T(?:(\d{1,7})H)?(?:(\d{1,9})M)?(?:(\d{1,10})S)?)?"
 )
