@@ -13,10 +13,8 @@ reason its user can act on); over-booking is decided across calendars by
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import replace
 from datetime import datetime
@@ -46,25 +44,6 @@ from gpuresa.reservations.conflicts import (
 log = logging.getLogger(__name__)
 
 _NO_ORIGINS: Mapping[str, tuple[str, str]] = MappingProxyType({})
-
-
-@contextlib.contextmanager
-def _cycle_collection_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector while calendars are read.
-
-    Reading 10,000 events allocates a few hundred thousand small objects and
-    makes no reference cycles, so the collector's passes over the growing
-    heap only cost time (about a fifth of the whole, measured). Reference
-    counting still frees everything as usual; the collector's state is put
-    back as it was, also when this is nested.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def read_calendar(
@@ -103,26 +82,25 @@ def read_calendar(
     reader = BookingReader(calendar, config, variants, site_zone)
     reservations: list[Reservation] = []
     rejected: list[Rejection] = []
-    with _cycle_collection_paused():
-        parsed, copies = first_copies(
-            calendar.name, _read_objects(objects, window_start, window_end), origins
-        )
-        rejected.extend(copies)
-        reader.masters = {
-            component.uid: component
-            for _, item in parsed
-            for component in item.events
-            if component.first("RECURRENCE-ID") is None
-        }
-        occurrences, problems = expand(parsed, window_start, window_end, site_zone)
-        for problem in problems:
-            rejected.append(reader.reject_problem(problem))
-        for occurrence in occurrences:
-            outcome = reader.occurrence(occurrence)
-            if isinstance(outcome, Reservation):
-                reservations.append(outcome)
-            elif outcome is not None:
-                rejected.append(outcome)
+    parsed, copies = first_copies(
+        calendar.name, _read_objects(objects, window_start, window_end), origins
+    )
+    rejected.extend(copies)
+    reader.masters = {
+        component.uid: component
+        for _, item in parsed
+        for component in item.events
+        if component.first("RECURRENCE-ID") is None
+    }
+    occurrences, problems = expand(parsed, window_start, window_end, site_zone)
+    for problem in problems:
+        rejected.append(reader.reject_problem(problem))
+    for occurrence in occurrences:
+        outcome = reader.occurrence(occurrence)
+        if isinstance(outcome, Reservation):
+            reservations.append(outcome)
+        elif outcome is not None:
+            rejected.append(outcome)
     reservations.sort(key=reservation_order)
     rejected.sort(key=rejection_order)
     return ReservationSet(tuple(reservations), tuple(rejected))
@@ -189,8 +167,7 @@ def read_reservations(
         from gpuresa.reservations.catalog import template_variants
 
         variants = template_variants(config)
-    with _cycle_collection_paused():
-        found = _read_all(config, objects_by_calendar, window_start, window_end, variants, origins)
+    found = _read_all(config, objects_by_calendar, window_start, window_end, variants, origins)
     found = replace(found, reservations=moved_after_end(found.reservations, ended))
     return _resolve(found, config, first_seen, holding, granted, granted_gpus)
 
