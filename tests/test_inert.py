@@ -32,7 +32,7 @@ from gpuresa.model import Rejection
 from gpuresa.observe.metrics import registry_for
 from gpuresa.observe.page import render_page
 from gpuresa.observe.state import CalendarView, build_state
-from gpuresa.reservations.rules import resolve_conflicts
+from gpuresa.reservations.conflicts import resolve_conflicts
 
 HOSTILE = "evil\x1b[2J\u202egpj.exe\n<2>gpuresa.runtime: bob-booking: stopped\rX\x00\u2028Y\u200b"
 # what must never appear raw in any output

@@ -18,7 +18,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuresa.errors import UserError
-from gpuresa.journal.store import SCHEMA_VERSION, Journal, rejection_notice_kind
+from gpuresa.journal.reservation_records import rejection_notice_kind
+from gpuresa.journal.schema import SCHEMA_VERSION
+from gpuresa.journal.store import Journal
 from gpuresa.journal.times import from_text, to_text
 from gpuresa.model import Rejection, Reservation
 

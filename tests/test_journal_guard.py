@@ -17,7 +17,8 @@ import pytest
 from gpuresa.config.sections import NotifyConfig, UsersConfig
 from gpuresa.errors import UserError
 from gpuresa.journal.guard import GuardedJournal, damaged_name, open_journal
-from gpuresa.journal.store import SCHEMA_VERSION, Journal, JournalTooNew
+from gpuresa.journal.schema import SCHEMA_VERSION
+from gpuresa.journal.store import Journal, JournalTooNew
 from gpuresa.mail.notices import Notifier
 from gpuresa.mail.outbox import Outbox
 from gpuresa.model import Rejection, Reservation

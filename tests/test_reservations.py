@@ -15,12 +15,8 @@ from support.configs import config_of
 from gpuresa.cli import main
 from gpuresa.config.sections import Config, parse_config
 from gpuresa.model import Rejection, Reservation, ReservationSet
-from gpuresa.reservations.rules import (
-    host_gpu_count,
-    read_calendar,
-    read_reservations,
-    resolve_conflicts,
-)
+from gpuresa.reservations.conflicts import host_gpu_count, resolve_conflicts
+from gpuresa.reservations.rules import read_calendar, read_reservations
 
 VARIANTS = {"pytorch": ("12.4", "11.8"), "tensorflow": ("12.3", "12.2")}
 START = datetime(2026, 3, 10, 8, tzinfo=UTC)

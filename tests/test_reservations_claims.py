@@ -14,7 +14,8 @@ from gpuresa.config.sections import Config, parse_config
 from gpuresa.model import Reservation, Session
 from gpuresa.planning.planner import Inventory, Memory, Prepare, Recreate, Start, plan
 from gpuresa.reservations.claims import moved_key
-from gpuresa.reservations.rules import read_calendar, read_reservations, resolve_conflicts
+from gpuresa.reservations.conflicts import resolve_conflicts
+from gpuresa.reservations.rules import read_calendar, read_reservations
 
 DAY = datetime(2026, 3, 10, tzinfo=UTC)
 

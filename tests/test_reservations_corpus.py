@@ -20,7 +20,8 @@ import pytest
 import recurring_ical_events
 
 from gpuresa.config.sections import Config, parse_config
-from gpuresa.ical.events import expand, parse_object
+from gpuresa.ical.events import expand
+from gpuresa.ical.text import parse_object
 from gpuresa.model import ReservationSet
 from gpuresa.reservations.rules import read_reservations
 

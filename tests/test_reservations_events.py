@@ -17,18 +17,12 @@ from dateutil import rrule as dateutil_rrule
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from gpuresa.ical.events import (
-    MAX_OCCURRENCES_IN_WINDOW,
-    EventError,
-    Occurrence,
-    Problem,
-    Rule,
-    expand,
-    expand_rule,
-    parse_object,
-    read_duration,
-    read_rule,
-)
+from gpuresa.errors import EventError
+from gpuresa.ical.events import expand
+from gpuresa.ical.occurrence import Occurrence, Problem
+from gpuresa.ical.recurrence import MAX_OCCURRENCES_IN_WINDOW, Rule, expand_rule, read_rule
+from gpuresa.ical.text import parse_object
+from gpuresa.ical.values import read_duration
 
 PARIS = ZoneInfo("Europe/Paris")
 WINDOW = (datetime(2026, 3, 1, tzinfo=UTC), datetime(2026, 5, 1, tzinfo=UTC))
@@ -546,7 +540,7 @@ SINGLE = (
 def test_outside_window_only_passes_over_what_surely_is(
     start: str, end: str, extra: str, skipped: bool
 ) -> None:
-    from gpuresa.ical.events import outside_window
+    from gpuresa.ical.window import outside_window
 
     text = SINGLE.format(start=start, end=end, extra=extra)
     assert outside_window(text, *WINDOW) == ("far-away" if skipped else None)
@@ -554,7 +548,7 @@ def test_outside_window_only_passes_over_what_surely_is(
 
 
 def test_outside_window_reads_folded_and_doubled_lines_properly() -> None:
-    from gpuresa.ical.events import outside_window
+    from gpuresa.ical.window import outside_window
 
     folded = SINGLE.format(start="2025\r\n 0101T090000", end="20250101T100000", extra="")
     assert outside_window(folded, *WINDOW) is None

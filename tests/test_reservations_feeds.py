@@ -11,7 +11,9 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from gpuresa.ical.events import Occurrence, Problem, expand, parse_object
+from gpuresa.ical.events import expand
+from gpuresa.ical.occurrence import Occurrence, Problem
+from gpuresa.ical.text import parse_object
 
 PARIS = ZoneInfo("Europe/Paris")
 WINDOW = (datetime(2026, 3, 1, tzinfo=UTC), datetime(2026, 5, 1, tzinfo=UTC))

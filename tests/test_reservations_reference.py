@@ -25,7 +25,8 @@ import icalendar
 import pytest
 import recurring_ical_events
 
-from gpuresa.ical.events import expand, parse_object
+from gpuresa.ical.events import expand
+from gpuresa.ical.text import parse_object
 
 CORPUS = Path(__file__).parent / "corpus" / "icalendar-project"
 FILES = sorted(path.relative_to(CORPUS).as_posix() for path in CORPUS.rglob("*.ics"))

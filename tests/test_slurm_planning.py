@@ -16,7 +16,8 @@ from test_reservations import VARIANTS, WINDOW, event, make_config
 from gpuresa.config.sections import Config
 from gpuresa.model import ReservationSet, Session, SessionSpec
 from gpuresa.planning.planner import Fail, Inventory, Prepare, Start, plan
-from gpuresa.reservations.rules import host_gpu_count, read_calendar, resolve_conflicts
+from gpuresa.reservations.conflicts import host_gpu_count, resolve_conflicts
+from gpuresa.reservations.rules import read_calendar
 
 CLUSTER = [{"name": "cluster", "engine": "slurm", "ssh_ports": "20000-20009"}]
 

@@ -27,7 +27,8 @@ from support.configs import config_of
 from gpuresa.config.sections import Config
 from gpuresa.reservations.calendars import Calendars
 from gpuresa.reservations.sources import SourceError, open_source
-from gpuresa.reservations.sources.caldav import CalDAVSource, Changes
+from gpuresa.reservations.sources.caldav import CalDAVSource
+from gpuresa.reservations.sources.snapshot import Changes
 
 START = datetime(2026, 12, 1, 9, tzinfo=UTC)
 

@@ -4,6 +4,7 @@
 VEVENTs, each a `Component` of raw properties, and keeps the VTIMEZONE
 definitions by TZID for `gpuresa.ical.zones`. It never raises; what cannot be
 read is a problem of the event or of the whole object (see `gpuresa.ical.events`).
+`gpuresa.ical.content_lines` takes each property line apart.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import functools
 import hashlib
 import re
 from typing import NamedTuple
+
+from gpuresa.ical.content_lines import parameter_values, split_line
 
 _FOLD = re.compile(r"\n[ \t]")
 # a fold after blank lines (old Mozilla exports), unfolded as icalendar does
@@ -49,7 +52,7 @@ class Property(NamedTuple):
         """The value of parameter `name` (upper case), quotes removed; None when absent."""
         if not self.parameters:
             return None
-        return _parameters(self.parameters).get(name)
+        return parameter_values(self.parameters).get(name)
 
 
 class ObjectContext(NamedTuple):
@@ -145,63 +148,6 @@ def unescape_text(value: str) -> str:
     return _TEXT_ESCAPE.sub(lambda match: _TEXT_UNESCAPED.get(match[1], match[1]), value)
 
 
-@functools.lru_cache(maxsize=4096)
-def _parameters(raw: str) -> dict[str, str]:
-    """`A=1;B="x;y"` -> {"A": "1", "B": "x;y"}; names upper case, quotes removed."""
-    result: dict[str, str] = {}
-    for part in _split_outside_quotes(raw, ";"):
-        name, equals, value = part.partition("=")
-        if not equals:
-            continue
-        result.setdefault(name.strip().upper(), value.replace('"', ""))
-    return result
-
-
-def _split_outside_quotes(text: str, separator: str) -> list[str]:
-    if '"' not in text:
-        return text.split(separator)
-    parts: list[str] = []
-    current: list[str] = []
-    quoted = False
-    for character in text:
-        if character == '"':
-            quoted = not quoted
-        if character == separator and not quoted:
-            parts.append("".join(current))
-            current = []
-        else:
-            current.append(character)
-    parts.append("".join(current))
-    return parts
-
-
-def _split_line(line: str) -> tuple[str, str, str] | None:
-    """`NAME;PARAMS:value` -> (NAME upper case, PARAMS, value); None when not a property."""
-    colon = line.find(":")
-    if colon <= 0:
-        return None
-    quote = line.find('"')
-    if 0 <= quote < colon:
-        # a quoted parameter value may hold ':' (ALTREP="http://..."); find the first outside
-        quoted = False
-        colon = -1
-        for index, character in enumerate(line):
-            if character == '"':
-                quoted = not quoted
-            elif character == ":" and not quoted:
-                colon = index
-                break
-        if colon <= 0:
-            return None
-    head = line[:colon]
-    semicolon = head.find(";")
-    if semicolon < 0:
-        return head.upper(), "", line[colon + 1 :]
-    if semicolon == 0:
-        return None
-    return head[:semicolon].upper(), head[semicolon + 1 :], line[colon + 1 :]
-
-
 def decode(data: str | bytes) -> str:
     """Calendar bytes as text: UTF-8 (a BOM dropped), undecodable bytes replaced."""
     if isinstance(data, bytes):
@@ -253,7 +199,7 @@ def parse_object(data: str | bytes) -> ParsedObject:
         elif line.isspace():
             continue
         else:
-            parts = _split_line(line)
+            parts = split_line(line)
         if parts is None:
             if event is not None and len(stack) == 2:
                 if _is_foreign_extension(line):
@@ -355,7 +301,7 @@ def _read_plain_event(lines: list[str], begin: int, event: Component) -> int | N
         if not colon or not head:
             return None
         if '"' in head:
-            parts = _split_line(line)
+            parts = split_line(line)
             if parts is None:
                 return None
             name, parameters, value = parts
@@ -397,7 +343,7 @@ def _cut_timezones(text: str, timezones: dict[str, str]) -> str:
         if "BEGIN:VEVENT" in block or "END:VCALENDAR" in block or block.count("BEGIN:VTIMEZ") > 1:
             break
         begin = block.find("\nTZID")
-        parts = _split_line(block[begin + 1 : block.find("\n", begin + 1)]) if begin > 0 else None
+        parts = split_line(block[begin + 1 : block.find("\n", begin + 1)]) if begin > 0 else None
         if parts is not None and parts[0] == "TZID" and parts[2].strip():
             timezones.setdefault(parts[2].strip(), block.replace("\n", "\r\n") + "\r\n")
         pieces.append(text[position : start + 1])

@@ -26,14 +26,14 @@ from pathlib import Path
 from typing import TypeVar
 
 from gpuresa.errors import UserError
+from gpuresa.journal.history import HistoryEntry
+from gpuresa.journal.reservation_records import RejectionRecord
 from gpuresa.journal.store import (
     COMPANIONS,
     CalendarStatus,
-    HistoryEntry,
     Journal,
     JournalTooNew,
     JournalUnusable,
-    RejectionRecord,
 )
 from gpuresa.model import Rejection, Reservation
 

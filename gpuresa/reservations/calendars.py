@@ -3,7 +3,7 @@
 `Calendars.poll(now, first_seen=…, holding=…)` polls each source, reads all
 calendars into reservations over the window (`now - window_past` to
 `now + window_ahead`), decides over-booking (see
-`gpuresa.reservations.rules.resolve_conflicts`) and says how fresh each calendar
+`gpuresa.reservations.conflicts.resolve_conflicts`) and says how fresh each calendar
 is. One calendar failing (server down, password refused, file missing) is
 logged and read from its last good snapshot; the others go on. A calendar
 that never answered and has no snapshot contributes nothing and says so in

@@ -36,7 +36,7 @@ class Claims:
 
     granted: the interval each prepared, running or ended session was given;
     granted_gpus: the GPU count each such session was given (a raise of it
-    is a growth, see `gpuresa.reservations.rules.resolve_conflicts`);
+    is a growth, see `gpuresa.reservations.conflicts.resolve_conflicts`);
     ended: the times each ended occurrence had at its end;
     origins: where gpuresa first saw each UID, (calendar, href).
     """

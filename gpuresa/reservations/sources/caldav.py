@@ -28,12 +28,12 @@ sync token is not advanced past it, so it is fetched again at the next poll.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, NamedTuple
-from urllib.parse import quote, unquote, urljoin, urlsplit
+from typing import Any
+from urllib.parse import quote, unquote, urlsplit
 from xml.sax.saxutils import escape
 
 from gpuresa.config.sections import CalendarConfig, read_secret
@@ -46,26 +46,14 @@ from gpuresa.reservations.sources import (
     shown_url,
     url_secrets,
 )
-from gpuresa.reservations.sources.snapshot import Snapshot, SnapshotStore, StoredObject
+from gpuresa.reservations.sources.multistatus import DAV, responses
+from gpuresa.reservations.sources.snapshot import Changes, Snapshot, SnapshotStore, StoredObject
 
 log = logging.getLogger(__name__)
 
-DAV = "{DAV:}"
-CALDAV = "{urn:ietf:params:xml:ns:caldav}"
 MULTIGET_BATCH = 200
 MAX_SYNC_PAGES = 50
 HREF_SAFE = "/@:~!$&'()*+,;="
-
-
-class _Entry(NamedTuple):
-    """One DAV:response of a multistatus answer, as far as gpuresa reads it."""
-
-    path: str | None
-    status: int | None  # the response's own status (404 for a removed member)
-    found: bool  # it has a 200 propstat
-    etag: str | None
-    data: str | None
-    collection: bool
 
 
 class _TokenRefused(Exception):
@@ -80,15 +68,6 @@ class _Changes:
     removed: set[str]
     token: str | None
     complete: bool  # a full listing: anything not in `etags` is gone
-
-
-@dataclass(frozen=True)
-class Changes:
-    """What one poll changed in the snapshot, by href."""
-
-    added: frozenset[str] = frozenset()
-    modified: frozenset[str] = frozenset()
-    removed: frozenset[str] = frozenset()
 
 
 class CalDAVSource:
@@ -271,7 +250,7 @@ class CalDAVSource:
         for _ in range(MAX_SYNC_PAGES):
             response = self._report_sync(client, token)
             token_found, truncated = None, False
-            for entry in self._responses(response):
+            for entry in responses(response, self.url):
                 if entry.path is None:
                     continue
                 if entry.path == self.collection_path:
@@ -347,7 +326,7 @@ class CalDAVSource:
         # remembered only now: a login page refuses sync-collection too
         self.state.sync_supported = False
         etags: dict[str, str | None] = {}
-        for entry in self._responses(response):
+        for entry in responses(response, self.url):
             if entry.path is None or entry.path == self.collection_path or not entry.found:
                 continue
             if not entry.collection:
@@ -379,7 +358,7 @@ class CalDAVSource:
                 problems[batch[0]] = f"HTTP {response.status} {response.reason or ''}".rstrip()
                 continue
             answered: set[str] = set()
-            for entry in self._responses(response):
+            for entry in responses(response, self.url):
                 if entry.path is None or entry.path not in batch:
                     continue
                 answered.add(entry.path)
@@ -415,52 +394,3 @@ class CalDAVSource:
             f"{listed}</c:calendar-multiget>"
         )
         return client.report(self.url, body, depth=1)
-
-    # --- reading multistatus answers ---------------------------------------------------------
-
-    def _responses(self, response: Any) -> Iterator[_Entry]:
-        """Each DAV:response of a multistatus answer, with what its 200 propstat holds."""
-        for element in response.tree.iter(f"{DAV}response"):
-            href_text = element.findtext(f"{DAV}href")
-            found = False
-            etag = data = None
-            collection = False
-            for propstat in element.findall(f"{DAV}propstat"):
-                if _status_code(propstat.findtext(f"{DAV}status")) != 200:
-                    continue
-                found = True
-                prop = propstat.find(f"{DAV}prop")
-                if prop is None:
-                    continue
-                etag_text = prop.findtext(f"{DAV}getetag")
-                if etag_text is not None:
-                    etag = etag_text.strip()
-                data_element = prop.find(f"{CALDAV}calendar-data")
-                if data_element is not None:
-                    data = data_element.text or ""
-                kind = prop.find(f"{DAV}resourcetype")
-                collection = collection or (
-                    kind is not None and kind.find(f"{DAV}collection") is not None
-                )
-            yield _Entry(
-                self._path(href_text) if href_text else None,
-                _status_code(element.findtext(f"{DAV}status")),
-                found,
-                etag,
-                data,
-                collection,
-            )
-
-    def _path(self, href: str) -> str:
-        """An href as a plain path (absolute URL or not, percent-encoded or not)."""
-        return unquote(urlsplit(urljoin(self.url, href.strip())).path).rstrip("/")
-
-
-def _status_code(line: str | None) -> int | None:
-    """`HTTP/1.1 404 Not Found` -> 404."""
-    if not line:
-        return None
-    parts = line.split()
-    if len(parts) >= 2 and parts[1].isdigit():
-        return int(parts[1])
-    return None

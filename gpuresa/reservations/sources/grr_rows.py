@@ -2,7 +2,7 @@
 
 Pure: given the rows of GRR's tables that `grr_source` read, returns one
 small iCalendar object per booking (`entry-<id>.ics`), which
-`gpuresa.reservations.rules` reads like any calendar's event:
+`gpuresa.reservations.booking` reads like any calendar's event:
 
 - UID `grr:<table prefix>:<id>`: GRR keeps a row's id when the row is edited,
   and stores each occurrence of a series as a row of its own, so an

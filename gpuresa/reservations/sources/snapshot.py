@@ -3,7 +3,8 @@
 One JSON file per calendar, `<state_dir>/calendars/<name>/snapshot.json`,
 replaced atomically (write, fsync, rename): a crash leaves the old or the new
 copy, never half of one. It records where the copy came from, so a calendar
-whose URL changed in the config starts afresh.
+whose URL changed in the config starts afresh. `Changes` says what one poll
+changed in the copy.
 """
 
 from __future__ import annotations
@@ -139,3 +140,12 @@ class SnapshotStore:
                 raise
         except OSError as error:
             log.error("%s: cannot write the calendar snapshot: %s", self.directory / name, error)
+
+
+@dataclass(frozen=True)
+class Changes:
+    """What one poll changed in the snapshot, by href."""
+
+    added: frozenset[str] = frozenset()
+    modified: frozenset[str] = frozenset()
+    removed: frozenset[str] = frozenset()
