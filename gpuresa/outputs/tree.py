@@ -198,18 +198,18 @@ def hand_tree(top: Path, uid: int, gid: int, writer: int | None = None) -> int:
             details = os.fstat(descriptor)
             mode = details.st_mode
             count += 1
-            foreign = (
-                writer is not None
-                and details.st_nlink > 1
-                and details.st_uid not in (writer, uid)
-                and not stat.S_ISDIR(mode)
+            handed = (details.st_uid, details.st_gid) == (uid, gid) and (
+                stat.S_ISLNK(mode) or stat.S_IMODE(mode) == handed_mode(mode)
             )
+            if handed or stat.S_ISDIR(mode):
+                return  # an earlier try handed it; folders are the walk's
+            # another's file with more names: a link planted into the tree, not the writer's
+            foreign = writer is not None and details.st_nlink > 1 and details.st_uid != writer
             if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or foreign:
                 with contextlib.suppress(FileNotFoundError, IsADirectoryError):
                     os.unlink(name, dir_fd=folder)
                 return
-            if not stat.S_ISDIR(mode):
-                take(descriptor, details)
+            take(descriptor, details)
         finally:
             os.close(descriptor)
 
