@@ -52,11 +52,11 @@ while not os.path.exists(stop):
 """
 
 
-def as_login(login: str, command: list[str], **options: object) -> subprocess.Popen[str]:
+def as_login(login: str, command: list[str], cwd: Path | None = None) -> subprocess.Popen[str]:
     """`command` run as `login` (its uid, primary group and groups), no privileges."""
     return subprocess.Popen(
         ["setpriv", f"--reuid={login}", f"--regid={login}", "--init-groups", *command],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **options,  # type: ignore[arg-type]
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
     )  # fmt: skip
 
 
