@@ -478,14 +478,24 @@ def test_stop_hands_the_output_read_only_to_the_users_host_account(
         assert (details.st_uid, details.st_gid, stat.S_IMODE(details.st_mode)) == (
             0, account.pw_gid, mode,
         )  # fmt: skip
-    log_txt = session.output_dir / "run1" / "log.txt"
-    as_login = ["setpriv", f"--reuid={host_login}", f"--regid={host_login}", "--init-groups"]
-    read = subprocess.run([*as_login, "cat", str(log_txt)], capture_output=True, text=True)
-    assert read.stdout == "done\n", read.stderr
-    for attempt in (f"echo more >> {log_txt}", f"fallocate -l 3G {session.output_dir}/more"):
-        wrote = subprocess.run([*as_login, "sh", "-c", attempt], capture_output=True, text=True)
-        assert wrote.returncode != 0 and "Permission denied" in wrote.stderr, attempt
-    assert log_txt.read_text() == "done\n"
+    # the login, on the host (its own process, given the folder: pytest's tree is root's)
+    folder = os.open(session.output_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        output = f"/dev/fd/{folder}"
+        as_login = ["setpriv", f"--reuid={host_login}", f"--regid={host_login}", "--init-groups"]
+
+        def as_user(script: str) -> subprocess.CompletedProcess[str]:
+            command = [*as_login, "sh", "-c", script]
+            return subprocess.run(command, capture_output=True, text=True, pass_fds=(folder,))
+
+        read = as_user(f"cat {output}/run1/log.txt")
+        assert read.stdout == "done\n", read.stderr
+        for attempt in (f"echo more >> {output}/run1/log.txt", f"fallocate -l 3G {output}/more"):
+            wrote = as_user(attempt)
+            assert wrote.returncode != 0 and "Permission denied" in wrote.stderr, attempt
+    finally:
+        os.close(folder)
+    assert (session.output_dir / "run1" / "log.txt").read_text() == "done\n"
     assert not (session.output_dir / "more").exists()
 
 
