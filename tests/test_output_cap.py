@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import stat
 import time
 from datetime import timedelta
 from typing import Any
@@ -28,6 +29,7 @@ from test_runtime import (  # noqa: F401  (the fixtures `images` and `docker_sit
 from gpuresa.outputs.capped import committed_bytes, image_path
 from gpuresa.outputs.disk import free_bytes, measure, mount_of, quota_problem
 from gpuresa.outputs.handover import retry_pending
+from gpuresa.outputs.owners import output_owner
 
 CAP = "64m"
 
@@ -85,7 +87,9 @@ def test_a_full_output_stops_its_session_alone(plain_site: Site) -> None:
     # the hand-over copied the output out of its image, which is gone
     written = alice.output_dir / "as-user"
     assert written.stat().st_size > 8 * 1024**2
-    assert written.stat().st_uid == (alice.output_dir / "as-root").stat().st_uid != 0
+    # handed over read-only: root's, the cap is final
+    assert written.stat().st_uid == (alice.output_dir / "as-root").stat().st_uid == 0
+    assert stat.S_IMODE(written.stat().st_mode) == 0o640
     assert not image.exists() and not os.path.ismount(running_output(site, alice))
 
 
@@ -105,7 +109,8 @@ def test_a_session_killed_mid_write_leaves_an_output_for_its_owner(plain_site: S
     assert retry_pending(site.config, set(), lambda key, why: reports.append((key, why))) == 1
     assert reports == []
     partial = session.output_dir / "partial"
-    assert partial.is_file() and partial.stat().st_uid != 0
+    assert partial.is_file() and partial.stat().st_uid == 0
+    assert partial.stat().st_gid == output_owner("alice", site.config).gid
     assert not image.exists() and not os.path.ismount(running_output(site, session))
 
 

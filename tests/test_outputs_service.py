@@ -187,7 +187,8 @@ def test_a_user_downloads_their_output_after_the_end_and_nobody_else_can(site: S
     owner = output_owner("alice", site.config)
     top = (site.root / "output" / "alice").stat()
     assert (top.st_uid, top.st_gid, stat.S_IMODE(top.st_mode)) == (0, owner.gid, 0o750)
-    assert alice.output_dir.stat().st_uid == owner.uid
+    handed = alice.output_dir.stat()
+    assert (handed.st_uid, handed.st_gid, stat.S_IMODE(handed.st_mode)) == (0, owner.gid, 0o750)
     assert (alice.output_dir / "to-root").is_symlink()  # links handed over, never followed
     assert Path("/etc/shadow").stat().st_uid == 0
 
@@ -391,11 +392,14 @@ def test_a_host_account_gets_its_output_and_the_service_serves_it(
     account = pwd.getpwnam(host_login)
     session = session_with_file(site, host_login, "mine")
     site.runtime().stop(session.key, grace=timedelta(seconds=1))
-    # handed to the host account (its own group), the login folder closed to others
+    # root's, read-only to the host account's own group, the login folder closed to others
     details = (session.output_dir / "result.txt").stat()
-    assert (details.st_uid, details.st_gid) == (account.pw_uid, account.pw_gid)
+    assert (details.st_uid, details.st_gid) == (0, account.pw_gid)
+    assert stat.S_IMODE(details.st_mode) == 0o640
     top = session.output_dir.parent.stat()
     assert (top.st_uid, top.st_gid, stat.S_IMODE(top.st_mode)) == (0, account.pw_gid, 0o750)
     OutputService(site.config, site.runtime()).ensure_running()
     with sftp_login(site.config, host_login, site.key(host_login)) as sftp:
+        assert session.output_dir.name in sftp.listdir("/")
+        assert sftp.listdir(f"/{session.output_dir.name}") == ["result.txt"]
         assert read(sftp, f"/{session.output_dir.name}/result.txt") == b"mine\n"

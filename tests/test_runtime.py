@@ -444,7 +444,7 @@ def host_login() -> Iterator[str]:
         subprocess.run(["userdel", login], check=False)
 
 
-def test_stop_hands_the_output_to_the_users_host_account(
+def test_stop_hands_the_output_read_only_to_the_users_host_account(
     tmp_path: Path, site: Site, host_login: str
 ) -> None:
     site = make_site(tmp_path / "own", site.client, engine=site.engine)
@@ -468,12 +468,35 @@ def test_stop_hands_the_output_to_the_users_host_account(
     log_owner = (running_output(site, session) / "run1" / "log.txt").stat().st_uid
     assert log_owner == host_uid(site, session, account.pw_uid)
     runtime.stop(session.key, timedelta(seconds=2))
-    for path in (
-        session.output_dir,
-        session.output_dir / "run1",
-        session.output_dir / "run1" / "log.txt",
+    # root's, readable through the login's own (private) group, writable by nobody else
+    for path, mode in (
+        (session.output_dir, 0o750),
+        (session.output_dir / "run1", 0o750),
+        (session.output_dir / "run1" / "log.txt", 0o640),
     ):
-        assert (path.stat().st_uid, path.stat().st_gid) == (account.pw_uid, account.pw_gid)
+        details = path.stat()
+        assert (details.st_uid, details.st_gid, stat.S_IMODE(details.st_mode)) == (
+            0, account.pw_gid, mode,
+        )  # fmt: skip
+    # the login, on the host (its own process, given the folder: pytest's tree is root's)
+    folder = os.open(session.output_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        output = f"/dev/fd/{folder}"
+        as_login = ["setpriv", f"--reuid={host_login}", f"--regid={host_login}", "--init-groups"]
+
+        def as_user(script: str) -> subprocess.CompletedProcess[str]:
+            command = [*as_login, "sh", "-c", script]
+            return subprocess.run(command, capture_output=True, text=True, pass_fds=(folder,))
+
+        read = as_user(f"cat {output}/run1/log.txt")
+        assert read.stdout == "done\n", read.stderr
+        for attempt in (f"echo more >> {output}/run1/log.txt", f"fallocate -l 3G {output}/more"):
+            wrote = as_user(attempt)
+            assert wrote.returncode != 0 and "Permission denied" in wrote.stderr, attempt
+    finally:
+        os.close(folder)
+    assert (session.output_dir / "run1" / "log.txt").read_text() == "done\n"
+    assert not (session.output_dir / "more").exists()
 
 
 def test_stop_gives_the_users_processes_their_grace(site: Site) -> None:

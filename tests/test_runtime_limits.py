@@ -107,6 +107,9 @@ def test_a_session_that_writes_without_end_meets_its_cap_and_others_start(site: 
     writer = runtime.start(site.spec(runtime, "alice"))
     folder = _layer_folder(site, writer.containers[0])
     assert _mounted(folder), "the layer has a filesystem of its own"
+    # a set-id file or a device node the session's root leaves there gives nothing on the host
+    options = _mount_options(folder)
+    assert {"nosuid", "nodev"} <= options, options
     assert not list((site.config.daemon.state_dir / "layers").glob("*.img")), "backing unlinked"
     with ssh_login(writer, "alice", site.key("alice")) as client:
         code, output = run(client, "sudo -n dd if=/dev/zero of=/root/big bs=1M count=1024 2>&1")
@@ -141,6 +144,15 @@ def _layer_folder(site: Site, container: str) -> Path:
 def _mounted(folder: Path) -> bool:
     mounts = Path("/proc/self/mountinfo").read_text().splitlines()
     return any(line.split()[4] == str(folder) for line in mounts)
+
+
+def _mount_options(folder: Path) -> set[str]:
+    """The per-mount options of the mount at `folder`, from /proc/self/mountinfo."""
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if fields[4] == str(folder):
+            return set(fields[5].split(","))
+    raise AssertionError(f"{folder} is not a mount point")
 
 
 def test_limits_config_keeps_its_types() -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from gpuresa.config.sections import parse_config
 from gpuresa.model import SessionSpec
+from gpuresa.outputs import tree
 from gpuresa.runtime import SessionError
 from gpuresa.runtime.output import hand_over, output_path, prepare_output, remap_base
 from gpuresa.runtime.payload import safe_key
@@ -147,26 +148,18 @@ def test_hand_over_is_safe_against_a_folder_swapped_for_a_link_meanwhile(
     etc = tmp_path / "etc"
     etc.mkdir()
     (etc / "model.pt").write_text("root's")
-    real_chown, real_lchown = os.chown, os.lchown
+    real_chown = tree._chown_descriptor
     swapped: list[Any] = []
 
-    def swap_first(path: Any) -> None:
+    def chown(descriptor: int, *args: Any) -> None:
         # just before the file in the subfolder is given: the swap
-        if not swapped and os.fspath(path).endswith("model.pt"):
+        if not swapped and os.readlink(f"/proc/self/fd/{descriptor}").endswith("model.pt"):
             (folder / "sub").rename(folder / "moved")
             (folder / "sub").symlink_to(etc)
-            swapped.append(path)
+            swapped.append(descriptor)
+        real_chown(descriptor, *args)
 
-    def chown(path: Any, *args: Any, **kwargs: Any) -> None:
-        swap_first(path)
-        real_chown(path, *args, **kwargs)
-
-    def lchown(path: Any, *args: Any) -> None:
-        swap_first(path)
-        real_lchown(path, *args)
-
-    monkeypatch.setattr(os, "chown", chown)
-    monkeypatch.setattr(os, "lchown", lchown)
+    monkeypatch.setattr(tree, "_chown_descriptor", chown)
     hand_over(folder, 1001, 1002, "key")
     monkeypatch.undo()
     assert swapped

@@ -1,30 +1,48 @@
-"""What happens to a session's output at its stop: handed to its login's owner, dated.
+"""What happens to a session's output at its stop: handed over read-only, dated.
 
 Called by `Runtime.finish_stop` once the session's containers are gone (and
 again, harmlessly, for a stop a daemon restart interrupted). A running output
 sits in the root-only running area (`gpuresa.runtime.output_area`); it is
-handed over there (owner changed, set-uid/set-gid bits and file capabilities
-cleared, device nodes removed) and only then renamed to its final place. A
-hand-over that fails leaves it where only root reaches it; `retry_pending`
-(each maintenance round) tries again and says so to the admin once.
+handed over there (made root's and read-only to the login's group, see
+`gpuresa.outputs.owners`; set-uid/set-gid bits and file capabilities
+cleared, device nodes removed) and only then renamed to its final place.
+
+An output its login wrote from the host (udocker, Slurm: the login's own
+folder at its final place) is first renamed into the root-only store, so
+the login's shell can no longer reach it by its path, then handed over there
+(`hand_tree` also holds against a process of the login's that kept a folder
+of it open), then renamed back. A hand-over that fails leaves the output
+where only root reaches it; `retry_pending` (each maintenance round) tries
+again and says so to the admin once.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import stat
 from collections.abc import Callable, Collection
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gpuresa.access import AccessError
+from gpuresa.access import AccessError, host_account
 from gpuresa.config.sections import Config
 from gpuresa.model import Session
 from gpuresa.outputs.capped import release_capped
-from gpuresa.outputs.owners import output_owner, prepare_login_folder
+from gpuresa.outputs.owners import HANDED_UID, output_owner, prepare_login_folder
 from gpuresa.outputs.records import OutputRecords
 from gpuresa.runtime.output import hand_over
-from gpuresa.runtime.output_area import Pending, forget, pending, running_path, stored_path
+from gpuresa.runtime.output_area import (
+    AREA_MODE,
+    Pending,
+    forget,
+    pending,
+    remember,
+    running_path,
+    store,
+    stored_path,
+)
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +51,7 @@ Report = Callable[[str, str], None]
 
 
 def finish_output(config: Config, session: Session, now: datetime | None = None) -> bool:
-    """Hand `session`'s output to its login's stable owner and start its retention.
+    """Hand `session`'s output over read-only to its login and start its retention.
 
     Returns whether the output is in its final place. Logs, never raises: a
     stop must finish whatever happens to its output.
@@ -82,8 +100,15 @@ def _finish(config: Config, item: Pending, now: datetime) -> str | None:
     except (AccessError, OSError) as error:
         log.error("%s: output %s stays where only root reaches it: %s", key, source, error)
         return f"its owner cannot be set up: {error}"
-    if not hand_over(source, owner.uid, owner.gid, key):
-        return f"the hand-over of {source} to uid {owner.uid} failed (see the log)"
+    writer = item.writer
+    if source == final:
+        try:
+            source, writer = _take_away(config, item)
+        except OSError as error:
+            log.error("%s: output %s cannot be moved out of reach: %s", key, final, error)
+            return f"it cannot be moved out of its login's reach: {error}"
+    if not hand_over(source, HANDED_UID, owner.gid, key, writer):
+        return f"the hand-over of {source} to group {owner.gid} failed (see the log)"
     if source != final:
         try:
             final = _free_name(final)
@@ -95,6 +120,27 @@ def _finish(config: Config, item: Pending, now: datetime) -> str | None:
     forget(config, key)
     _record_end(config, item, final, now)
     return None
+
+
+def _take_away(config: Config, item: Pending) -> tuple[Path, int | None]:
+    """Rename the login's own output at its final place into the root-only store.
+
+    Its record is written first, so a hand-over that fails there is retried.
+    Returns its folder in the store and its writer (the login's host uid).
+    Raises `OSError` when it cannot be moved (it then stays where it was).
+    """
+    account = host_account(item.user)
+    writer = account.uid if account is not None else None
+    folder = store(config)
+    folder.mkdir(mode=AREA_MODE, parents=True, exist_ok=True)
+    details = folder.lstat()
+    if (details.st_uid, stat.S_IMODE(details.st_mode)) != (0, AREA_MODE) or folder.is_symlink():
+        raise OSError(errno.EPERM, f"{folder} is not a root-only folder")
+    moved = stored_path(config, item.key)
+    remember(config, item.key, item.user, item.final, writer)
+    os.rename(item.final, moved)
+    log.info("%s: output %s moved out of its login's reach for the hand-over", item.key, moved)
+    return moved, writer
 
 
 def _free_name(final: Path) -> Path:

@@ -1,17 +1,25 @@
-"""Who owns a finished session's output on the host, and how a login's folder is laid out.
+"""Who may read a finished session's output on the host, and how a login's folder is laid out.
 
 During a session its output belongs to the container's remapped uid (Docker
-`userns-remap`; other engines give other ranges). At the stop it is handed to
-one stable owner per login, so the output service can serve every output of a
-login under one account whatever engine wrote it:
+`userns-remap`; other engines give other ranges), or on udocker and Slurm to
+the login's own account. At the stop it is handed over READ-ONLY: every
+folder and file becomes root's (`HANDED_UID`), readable through one group per
+login (folders and programs 0750, files 0640). Nobody but root can write
+there any more, so a session's cap is final and nobody fills the output disk
+after the end; the retention removes outputs (their users cannot).
 
-- the login's host account, when it has one and `storage.hand_output_to_user`;
-- else `storage.output_uid_base + container_uid(login)`, a uid no host account
-  and no remapped range uses (checked against /etc/subuid by `uid_overlaps`).
+The reader is one stable account per login, so the output service serves
+every output of a login under one account whatever engine wrote it:
 
-The group is the account's own group when it is a private one (named after the
-login), else the derived number: a shared primary group ("users") would let
-its members read each other's outputs.
+- the login's host account, when it has one and `storage.hand_output_to_user`,
+  and the group is its primary group when that group is private to it (no other
+  account has it, as primary or supplementary group): the login reads its
+  outputs from its host shell too;
+- else uid and group `storage.output_uid_base + container_uid(login)`, ids no
+  host account and no remapped range uses (checked against /etc/subuid by
+  `uid_overlaps`): only the output service (whose account for the login has
+  them) reads the outputs. A shared primary group ("users") is never used: its
+  members would read each other's outputs.
 
 `<output_root>/<login>` is the login's chroot in the output service: root's,
 mode 0750, group the owner's group, so sshd accepts it as a chroot, the login
@@ -24,6 +32,7 @@ import contextlib
 import grp
 import logging
 import os
+import pwd
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,11 +45,17 @@ log = logging.getLogger(__name__)
 
 LOGIN_FOLDER_MODE = 0o750
 ROOT_MODE = 0o755
+# who owns every handed-over folder and file: no host user may write there
+HANDED_UID = 0
 
 
 @dataclass(frozen=True)
 class Owner:
-    """The host uid and gid that own a login's finished outputs."""
+    """The reader of a login's finished outputs: its uid and the group the outputs have.
+
+    The outputs themselves are `HANDED_UID`'s; `uid` is the account that reads
+    them through `gid` (the login's host account, or the output service's).
+    """
 
     login: str
     uid: int
@@ -48,17 +63,27 @@ class Owner:
     host_account: bool
 
 
-def _private_group(account: Account) -> bool:
+def private_group(account: Account) -> bool:
+    """Whether `account`'s primary group is its alone: no other account has it.
+
+    Neither as primary group (the password database) nor as supplementary
+    group (the group's members); an unknown group is not private.
+    """
     try:
-        return grp.getgrgid(account.gid).gr_name == account.login
+        members = grp.getgrgid(account.gid).gr_mem
     except KeyError:
         return False
+    if any(member != account.login for member in members):
+        return False
+    return all(
+        entry.pw_name == account.login or entry.pw_gid != account.gid for entry in pwd.getpwall()
+    )
 
 
 def output_owner(
     login: str, config: Config, account_of: Callable[[str], Account | None] = host_account
 ) -> Owner:
-    """The stable owner of `login`'s finished outputs (see the module docstring).
+    """The stable reader of `login`'s finished outputs (see the module docstring).
 
     Raises `AccessError` for a login that may not have sessions.
     """
@@ -66,7 +91,7 @@ def output_owner(
     derived = config.storage.output_uid_base + container_uid(login, config.users, account_of)
     account = account_of(login) if config.storage.hand_output_to_user else None
     if account is not None and account.uid != 0:
-        gid = account.gid if _private_group(account) else derived
+        gid = account.gid if private_group(account) else derived
         return Owner(login, account.uid, gid, True)
     return Owner(login, derived, derived, False)
 

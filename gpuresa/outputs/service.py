@@ -43,7 +43,13 @@ from gpuresa.outputs.container import (
 from gpuresa.outputs.credentials import HostCredentials
 from gpuresa.outputs.disk import DiskState, measure
 from gpuresa.outputs.host_ca import HostCA
-from gpuresa.outputs.owners import Owner, output_owner, prepare_login_folder, prepare_root
+from gpuresa.outputs.owners import (
+    HANDED_UID,
+    Owner,
+    output_owner,
+    prepare_login_folder,
+    prepare_root,
+)
 from gpuresa.outputs.records import (
     OutputFolder,
     OutputRecords,
@@ -181,8 +187,9 @@ class OutputService:
             if self.records.read(relative) is None and recently_changed(path):
                 continue  # maybe a session being made: its containers are not there yet
             details = path.lstat()
-            if (details.st_uid, details.st_gid) != (owner.uid, owner.gid):
-                hand_over(path, owner.uid, owner.gid, f"outputs of {owner.login}")
+            if (details.st_uid, details.st_gid) != (HANDED_UID, owner.gid):
+                # an output of an earlier gpuresa (the login's, writable) is made read-only too
+                hand_over(path, HANDED_UID, owner.gid, f"outputs of {owner.login}", owner.uid)
 
     # --- the container ------------------------------------------------------------------------
 

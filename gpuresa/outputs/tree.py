@@ -11,14 +11,27 @@ files, file capabilities, device nodes. The walks here therefore
 - never follow a link: entries are looked at with lstat, changed with
   lchown, and a regular file is opened with O_NOFOLLOW when its mode must go.
 
-They run on folders only root can reach (see `gpuresa.runtime.output_area`),
-after the session's containers are gone, so nothing changes the tree under them;
-the checks above keep them safe even if something did.
+They run on folders only root can reach (see `gpuresa.runtime.output_area`).
+An output its user wrote on the host (udocker, Slurm) is moved there first,
+but a process of that user may still hold a folder of it open (its working
+folder) and change it during the walk. `hand_tree` is safe against that too:
+
+- each folder is taken (root's, 0750) as soon as it is entered, before it is
+  listed: from then on its entries are fixed, so the walk back up through
+  ".." finds the folder it came from;
+- each entry is opened once (O_PATH, never following a link) and everything
+  is decided and changed through that descriptor: a name swapped meanwhile
+  changes nothing but the name;
+- a file with other names (hard links) may be someone else's file elsewhere:
+  it is taken only when its owner is the tree's writer, else its name is
+  removed from the tree and the file itself left as it was.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import errno
 import os
 import stat
@@ -27,9 +40,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+_ENTRY_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 PRIVILEGE_BITS = stat.S_ISUID | stat.S_ISGID
 CAPABILITY_XATTR = "security.capability"
+# <fcntl.h>: act on the descriptor itself (an O_PATH one, a link's included)
+AT_EMPTY_PATH = 0x1000
+# the modes of a handed-over tree: readable by the group, writable by nobody but root
+FOLDER_MODE = 0o750
+FILE_MODE = 0o640
+PROGRAM_MODE = 0o750
+_EXECUTABLE = stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH
 
 # (folder descriptor, name, lstat of the entry): what to do with an entry that is no folder
 OnEntry = Callable[[int, str, os.stat_result], None]
@@ -37,6 +57,8 @@ OnEntry = Callable[[int, str, os.stat_result], None]
 OnFolder = Callable[[int], None]
 # (descriptor of the parent, name of a child folder that is done)
 OnChildDone = Callable[[int, str], None]
+# (descriptor of a folder just entered, before it is listed)
+OnEnter = Callable[[int], None]
 
 
 @dataclass
@@ -57,10 +79,12 @@ def walk(
     on_entry: OnEntry,
     on_folder: OnFolder | None = None,
     on_child_done: OnChildDone | None = None,
+    on_enter: OnEnter | None = None,
 ) -> None:
     """Visit every entry below the folder `top`, depth first, post-order for folders.
 
-    `on_entry` gets each entry that is not a folder, `on_folder` each folder
+    `on_enter` gets each folder (`top` first) as soon as it is opened, before
+    it is listed; `on_entry` gets each entry that is not a folder, `on_folder` each folder
     (`top` last) once all its entries are done, `on_child_done` the parent of a
     folder after that. Entries removed meanwhile are skipped. Raises `OSError`
     when `top` is not a folder (or is a link), or when a folder is not the one
@@ -69,6 +93,8 @@ def walk(
     current = os.open(top, _FOLDER_FLAGS)
     try:
         stack: list[_Level] = []
+        if on_enter is not None:
+            on_enter(current)
         names = os.listdir(current)
         index = 0
         while True:
@@ -89,6 +115,8 @@ def walk(
                 stack.append(_Level(names, index, name, _identity(os.fstat(current))))
                 os.close(current)
                 current = child
+                if on_enter is not None:
+                    on_enter(current)
                 names, index = os.listdir(current), 0
                 continue
             if on_folder is not None:
@@ -109,54 +137,89 @@ def walk(
         os.close(current)
 
 
-def _drop_capabilities(folder: int, name: str) -> None:
-    """Remove a file's capabilities (security.capability), without following a link."""
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+
+
+def _chown_descriptor(descriptor: int, uid: int, gid: int) -> None:
+    """chown the very file (or link) `descriptor` was opened on (an O_PATH one works)."""
+    if _libc.fchownat(descriptor, b"", uid, gid, AT_EMPTY_PATH) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, os.strerror(error))
+
+
+def _through(descriptor: int) -> str:
+    # the descriptor's own inode by path, for the calls that take no O_PATH descriptor
+    return f"/proc/self/fd/{descriptor}"
+
+
+def _drop_capabilities(descriptor: int) -> None:
+    """Remove a file's capabilities (security.capability) through its descriptor."""
     with contextlib.suppress(OSError):
         # ENODATA (none) or ENOTSUP (a filesystem without them) both leave nothing to remove
-        os.removexattr(f"/proc/self/fd/{folder}/{name}", CAPABILITY_XATTR, follow_symlinks=False)
+        os.removexattr(_through(descriptor), CAPABILITY_XATTR)
 
 
-def hand_tree(top: Path, uid: int, gid: int) -> int:
-    """Give `top` and everything below to uid:gid, clearing what could grant privileges.
+def handed_mode(mode: int) -> int:
+    """The mode an entry of `mode` gets: folders and programs 0750, other files 0640."""
+    if stat.S_ISDIR(mode) or mode & _EXECUTABLE:
+        return PROGRAM_MODE
+    return FILE_MODE
 
-    Set-uid and set-gid bits go, file capabilities go, device nodes are
-    removed; links are given (lchown), never followed. `top` itself is given
-    last. Returns how many entries were changed; raises `OSError` when the walk
+
+def hand_tree(top: Path, uid: int, gid: int, writer: int | None = None) -> int:
+    """Give `top` and everything below to uid:gid, readable by the group, writable by uid alone.
+
+    Folders and programs get mode 0750, other files 0640 (set-uid and set-gid
+    bits go with that), file capabilities go, device nodes are removed; links
+    are given, never followed. Each folder is taken as it is entered, so an
+    owner still holding one open cannot change what is left (see the module
+    docstring). `writer`, when given, is the only uid whose multiply-linked
+    files are taken: another's is a link into the tree, whose name is removed.
+    Returns how many entries were changed; raises `OSError` when the walk
     cannot go on.
     """
     count = 0
 
-    def entry(folder: int, name: str, details: os.stat_result) -> None:
-        nonlocal count
-        count += 1
-        mode = details.st_mode
-        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(name, dir_fd=folder)
+    def take(descriptor: int, details: os.stat_result) -> None:
+        _chown_descriptor(descriptor, uid, gid)
+        if stat.S_ISLNK(details.st_mode):
             return
+        if stat.S_ISREG(details.st_mode):
+            _drop_capabilities(descriptor)
+        os.chmod(_through(descriptor), handed_mode(details.st_mode))
+
+    def entry(folder: int, name: str, _listed: os.stat_result) -> None:
+        nonlocal count
         try:
-            os.chown(name, uid, gid, dir_fd=folder, follow_symlinks=False)
+            descriptor = os.open(name, _ENTRY_FLAGS, dir_fd=folder)
         except FileNotFoundError:
             return
-        if not stat.S_ISREG(mode):
-            return
-        _drop_capabilities(folder, name)
-        if mode & PRIVILEGE_BITS:
-            descriptor = os.open(name, _FILE_FLAGS, dir_fd=folder)
-            try:
-                os.fchmod(descriptor, stat.S_IMODE(mode) & ~PRIVILEGE_BITS)
-            finally:
-                os.close(descriptor)
+        try:
+            details = os.fstat(descriptor)
+            mode = details.st_mode
+            count += 1
+            handed = (details.st_uid, details.st_gid) == (uid, gid) and (
+                stat.S_ISLNK(mode) or stat.S_IMODE(mode) == handed_mode(mode)
+            )
+            if handed or stat.S_ISDIR(mode):
+                return  # an earlier try handed it; folders are the walk's
+            # another's file with more names: a link planted into the tree, not the writer's
+            foreign = writer is not None and details.st_nlink > 1 and details.st_uid != writer
+            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or foreign:
+                with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                    os.unlink(name, dir_fd=folder)
+                return
+            take(descriptor, details)
+        finally:
+            os.close(descriptor)
 
-    def folder_done(folder: int) -> None:
+    def enter(folder: int) -> None:
         nonlocal count
         count += 1
         os.fchown(folder, uid, gid)
-        mode = stat.S_IMODE(os.fstat(folder).st_mode)
-        if mode & PRIVILEGE_BITS:
-            os.fchmod(folder, mode & ~PRIVILEGE_BITS)
+        os.fchmod(folder, FOLDER_MODE)
 
-    walk(top, entry, folder_done)
+    walk(top, entry, on_enter=enter)
     return count
 
 

@@ -4,8 +4,8 @@ In a user namespace the container's uid U is uid `base + U` on the host (one
 base for every Docker session under `userns-remap`, one per session on
 Podman, see `engines`), so the folder is given to that remapped uid: the
 session's login (over SSH) and the FTP sidecar (same uid) can write it, and
-nobody else on the host but root can. After the session it may be handed to
-the login's own host account.
+nobody else on the host but root can. After the session it is handed over
+read-only: root's, readable by the login's group (see `gpuresa.outputs.owners`).
 Symbolic links are never followed: the user controls what is inside.
 """
 
@@ -156,15 +156,16 @@ def prepare_output(path: Path, uid: int, gid: int, key: str) -> None:
     log.info("%s: output folder %s (host uid %d)", key, path, uid)
 
 
-def hand_over(path: Path, uid: int, gid: int, key: str) -> bool:
-    """Give a finished session's output to the login's owner; logs, never raises.
+def hand_over(path: Path, uid: int, gid: int, key: str, writer: int | None = None) -> bool:
+    """Give a finished session's output to uid:gid, read-only to the group; logs, never raises.
 
-    Returns whether every entry was handed over (privilege bits cleared).
+    `writer`: see `gpuresa.outputs.tree.hand_tree`. Returns whether every
+    entry was handed over (privilege bits cleared).
     """
     try:
-        count = hand_tree(path, uid, gid)
+        count = hand_tree(path, uid, gid, writer)
     except OSError as error:
-        log.error("%s: could not hand %s to uid %d: %s", key, path, uid, error)
+        log.error("%s: could not hand %s to %d:%d: %s", key, path, uid, gid, error)
         return False
-    log.info("%s: output %s handed to uid %d (%d entries)", key, path, uid, count)
+    log.info("%s: output %s handed to %d:%d, read-only (%d entries)", key, path, uid, gid, count)
     return True

@@ -18,8 +18,8 @@ is not in its final place but in `<output_root>/.running/<safe key>`:
   daemon restart or a host reboot interrupted, is finished later.
 
 At the end the tree is handed over in place (see `gpuresa.outputs.tree`:
-owner changed, privilege bits and capabilities cleared, at any depth) and
-only then renamed to its final path through `.running-store`: a rename across
+made root's and read-only, privilege bits and capabilities cleared, at any
+depth) and only then renamed to its final path through `.running-store`: a rename across
 two mounts fails (EXDEV) even on one filesystem, so it never goes through
 the `.running` mount.
 """
@@ -64,6 +64,8 @@ class Pending:
     user: str
     folder: Path
     final: Path
+    # the host uid that wrote it from the host (udocker, Slurm), None for a session's container
+    writer: int | None = None
 
 
 def area(config: Config) -> Path:
@@ -168,11 +170,14 @@ def release_area(config: Config) -> None:
         raise OSError(error, f"umount {area(config)}: {os.strerror(error)}")
 
 
-def remember(config: Config, key: str, user: str, final: Path) -> None:
-    """Write where session `key`'s output goes at the end (root's, next to its folder)."""
+def remember(config: Config, key: str, user: str, final: Path, writer: int | None = None) -> None:
+    """Write where session `key`'s output goes at the end (root's, next to its folder).
+
+    `writer` is the host uid that wrote the output outside a container, if any.
+    """
     record = _record_path(config, key)
     temporary = record.with_suffix(".tmp")
-    text = json.dumps({"key": key, "user": user, "final": str(final)})
+    text = json.dumps({"key": key, "user": user, "final": str(final), "writer": writer})
     descriptor = os.open(
         temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
     )
@@ -199,8 +204,10 @@ def pending(config: Config) -> list[Pending]:
         try:
             values = json.loads(record.read_text())
             key, user, final = str(values["key"]), str(values["user"]), Path(values["final"])
+            writer = values.get("writer")
+            writer = None if writer is None else int(writer)
         except (OSError, ValueError, KeyError, TypeError) as error:
             log.error("unreadable record of a running output %s: %s", record, error)
             continue
-        found.append(Pending(key, user, stored_path(config, key), final))
+        found.append(Pending(key, user, stored_path(config, key), final, writer))
     return found
