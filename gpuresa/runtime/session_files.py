@@ -113,10 +113,19 @@ def motd_text(facts: SessionFacts, timezone: str) -> str:
 
 
 class SessionFiles:
-    """The per-session folders under `root` (`<state_dir>/sessions`)."""
+    """The per-session folders under `root` (`<state_dir>/sessions`).
 
-    def __init__(self, root: Path) -> None:
+    `root_mode` and `folder_mode` are the modes the root and each folder are
+    kept at (a backend whose sessions run as host users gives their folders
+    to each login's group, under a root they traverse but cannot list).
+    """
+
+    def __init__(
+        self, root: Path, root_mode: int = ROOT_MODE, folder_mode: int = FOLDER_MODE
+    ) -> None:
         self.root = root
+        self.root_mode = root_mode
+        self.folder_mode = folder_mode
 
     def path(self, key: str) -> Path:
         """The folder of session `key` on the host (what is mounted in the container)."""
@@ -191,18 +200,18 @@ class SessionFiles:
         """A descriptor of the session's folder, made if missing, checked to be root's alone."""
         path = self.path(key)
         try:
-            self.root.mkdir(mode=ROOT_MODE, parents=True, exist_ok=True)
+            self.root.mkdir(mode=self.root_mode, parents=True, exist_ok=True)
             parent = _open_folder(self.root)
             try:
                 # an older install made it 0755: closed on every write
-                os.fchmod(parent, ROOT_MODE)
+                os.fchmod(parent, self.root_mode)
                 with contextlib.suppress(FileExistsError):
-                    os.mkdir(path.name, FOLDER_MODE, dir_fd=parent)
+                    os.mkdir(path.name, self.folder_mode, dir_fd=parent)
                 folder = _open_folder(Path(path.name), parent)
             finally:
                 os.close(parent)
             try:
-                os.fchmod(folder, FOLDER_MODE)
+                os.fchmod(folder, self.folder_mode)
                 yield folder
             finally:
                 os.close(folder)

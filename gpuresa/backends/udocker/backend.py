@@ -12,12 +12,14 @@ as for the engines (`gpuresa.runtime.session_files`), mounted read-only.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import secrets
 import shutil
 import signal
+import stat
 import time
 from collections.abc import Collection
 from datetime import UTC, datetime, timedelta
@@ -36,6 +38,7 @@ from gpuresa.runtime.engines import engine_kind
 from gpuresa.runtime.errors import ImageMissing, SessionError
 from gpuresa.runtime.gpus import HostGpus, host_gpu_access
 from gpuresa.runtime.images import Images
+from gpuresa.runtime.limits import SessionLimits, local_totals, session_limits
 from gpuresa.runtime.output import output_path
 from gpuresa.runtime.payload import SESSION_FILES_TARGET, safe_key, utc_text
 from gpuresa.runtime.records import EndRecords
@@ -49,6 +52,37 @@ SCRIPTS_TARGET = PurePosixPath("/opt/gpuresa-udocker")
 OUTPUT_MODE = 0o750
 
 
+# the nodes every container has: never denied, whatever a GPU node's number is
+CONTAINER_NODES = ("null", "zero", "full", "random", "urandom", "tty")
+
+
+def denied_devices(given: Collection[dict[str, str]]) -> list[tuple[str, int, int]]:
+    """The (type, major, minor) of the host's NVIDIA nodes a session is not given.
+
+    Every `/dev/nvidia*` when it has no GPUs, else each `/dev/nvidia<N>` of a GPU
+    it did not book. The session's devices cgroup denies them, so no process of
+    it opens another GPU, whatever node it finds. A number also borne by a node
+    the session is given, or by one every container has, is never denied.
+    """
+    paths = {device["PathOnHost"] for device in given}
+    kept = set()
+    for path in [*paths, *(f"/dev/{name}" for name in CONTAINER_NODES)]:
+        with contextlib.suppress(OSError):
+            kept.add(os.stat(path).st_rdev)
+    denied = []
+    for node in sorted(Path("/dev").glob("nvidia*")):
+        if str(node) in paths or (paths and not node.name[len("nvidia") :].isdigit()):
+            continue
+        try:
+            details = os.stat(node)
+        except OSError:
+            continue
+        if stat.S_ISCHR(details.st_mode) and details.st_rdev not in kept:
+            rdev = details.st_rdev
+            denied.append(("c", os.major(rdev), os.minor(rdev)))
+    return denied
+
+
 class UdockerBackend:
     """The sessions of a host with `engine = "udocker"` (see the module and the protocol)."""
 
@@ -56,7 +90,9 @@ class UdockerBackend:
         self.config = config
         self.root = tools.udocker_root(config)
         self.records = Records(self.root / "sessions")
-        self.files = SessionFiles(config.daemon.state_dir / "sessions")
+        # each session's folder is its login's group's (0750) under a root that host
+        # users traverse but cannot list: the login's runc binds it, its sshd reads it
+        self.files = SessionFiles(self.root / "files", root_mode=0o711, folder_mode=0o750)
         self.ends = EndRecords(config.daemon.state_dir / "sessions")
         self.cgroup_root = cgroup_root
         self._gpus = HostGpus()
@@ -93,6 +129,11 @@ class UdockerBackend:
     def check_spec(self, spec: SessionSpec) -> None:
         check_spec(self.config, spec, self.host_gpus())
         self.account(spec)
+
+    def limits(self, spec: SessionSpec) -> SessionLimits:
+        """`spec`'s CPUs and memory: its GPUs' share of this host, as on the engines."""
+        totals = local_totals(len(self.host_gpus()))
+        return session_limits(self.config.limits, totals, len(spec.gpus))
 
     def account(self, spec: SessionSpec) -> Account:
         """The login's host account; `SessionError` when it has none (sessions run as it)."""
@@ -232,13 +273,11 @@ class UdockerBackend:
         existing = self.session(spec.key)
         if existing is not None and existing.state in ("created", "running"):
             return existing
-        self.files.close_gate(spec.key, self._gate_text(spec))
         return self._make(spec, ready_timeout)
 
     def start(self, spec: SessionSpec, ready_timeout: float = 30) -> Session:
         existing = self.session(spec.key)
         if existing is None or existing.state == "stopped":
-            self.files.close_gate(spec.key, self._gate_text(spec))
             existing = self._make(spec, ready_timeout)
         if existing.state == "running":
             return existing
@@ -275,6 +314,7 @@ class UdockerBackend:
         del keys  # checked now; written when the gate opens
         gpu = host_gpu_access(self.host, spec.gpus)
         self._end(key, finish=False)
+        self.files.close_gate(key, self._gate_text(spec))
         output_dir = self._output(spec, account)
         # a name of its own each time: the removal of an earlier one may still run
         container = f"gpuresa-{safe_key(key)[:40]}-{secrets.token_hex(4)}"
@@ -283,6 +323,10 @@ class UdockerBackend:
         self.ends.forget(key)
         try:
             files = self.files.show_facts(key, self.facts(spec), self.config.reservations.timezone)
+            try:
+                os.chown(files, 0, account.gid)
+            except OSError as error:
+                raise SessionError(f"cannot give {files} to the login's group: {error}") from None
             write_file(folder / "authorized_keys", "")
             host_key = self.records.host_key(key, account)
             config_file = folder / "sshd_config"
@@ -297,7 +341,8 @@ class UdockerBackend:
             )
             tools.run_udocker(self.config, account, ["setup", "--execmode=R1", container], key)
             cgroup = self.cgroup(key)
-            cgroup.create(self.config.limits)
+            cgroup.create(self.limits(spec), self.config.limits.pids)
+            cgroup.deny_devices(denied_devices(gpu.devices))
             self._start_container(spec, record, gpu.devices, gpu.mounts, gpu.environment, files)
             launch.wait_for(
                 "the session's container",
