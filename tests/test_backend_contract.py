@@ -1,6 +1,6 @@
 """The session protocol's promises (`gpuresa.backends.protocol`), checked on every backend.
 
-Each test takes `contract`, one backend of a real site in turn (Docker, Podman),
+Each test takes `contract`, one backend of a real site in turn (Docker, Podman, udocker),
 and speaks only the protocol: what passes here for one backend must pass for
 every other. A user's view is checked the way a user has it, an SSH login.
 """
@@ -8,18 +8,29 @@ every other. A user's view is checked the way a user has it, an SSH login.
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
+import subprocess
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import paramiko
 import pytest
+from conftest import ENGINES, DockerHarness
 from test_runtime import Site, built_fixture, make_site, run, ssh_login  # noqa: F401
 
+from gpuresa.backends.factory import open_backend
 from gpuresa.backends.protocol import SessionBackend
+from gpuresa.backends.udocker import UdockerBackend
 from gpuresa.model import Session, SessionSpec
 from gpuresa.runtime import Runtime, SessionError
+
+# the backends are reached through `getfixturevalue`: marked here for the fast lane's filter
+pytestmark = pytest.mark.docker
 
 
 @dataclasses.dataclass
@@ -34,10 +45,21 @@ class Contract:
         self.backend = self.make()
 
 
-@pytest.fixture(name="contract")
-def contract_fixture(tmp_path: Any, engine_harness: Any, built: Any) -> Contract:
-    built(engine_harness)
-    site = make_site(tmp_path, engine_harness.client, engine=engine_harness.engine)
+# every backend the protocol has: the engines through `Runtime`, and udocker
+BACKENDS = (*ENGINES, "udocker")
+
+
+@pytest.fixture(name="contract", params=BACKENDS)
+def contract_fixture(
+    request: pytest.FixtureRequest, built: Callable[[DockerHarness], None]
+) -> Iterator[Contract]:
+    if request.param == "udocker":
+        yield from udocker_contract(request.getfixturevalue("docker_client"))
+        return
+    harness = request.getfixturevalue(f"{request.param}_harness")
+    built(harness)
+    tmp_path = request.getfixturevalue("tmp_path")
+    site = make_site(tmp_path, harness.client, engine=harness.engine)
 
     def make() -> SessionBackend:
         return Runtime(site.config, site.client)
@@ -45,10 +67,46 @@ def contract_fixture(tmp_path: Any, engine_harness: Any, built: Any) -> Contract
     def spec(**options: Any) -> SessionSpec:
         end = options.pop("end", datetime.now(UTC) + timedelta(hours=1))
         user = options.pop("user", "alice")
-        runtime = Runtime(site.config, site.client)
-        return runtime.new_spec(user, "pytorch", end, **options)
+        return Runtime(site.config, site.client).new_spec(user, "pytorch", end, **options)
 
-    return Contract(site, make, spec)
+    yield Contract(site, make, spec)
+
+
+def udocker_contract(docker_client: Any) -> Iterator[Contract]:
+    """A udocker site whose login is a host account of this test's own (its sessions run as
+    it), with its key in the site's keys, its image provisioned; all removed after."""
+    login = f"uc{uuid.uuid4().hex[:8]}"
+    root = Path(f"/tmp/gpuresa-contract-{uuid.uuid4().hex[:8]}")
+    root.mkdir(mode=0o755)
+    subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", login], check=True)
+    try:
+        site = make_site(root, docker_client, engine="udocker", driver_binaries=[])
+        for folder in ("keys", "input", "output", "state"):
+            os.chmod(root / folder, 0o755)
+        private = root / "private" / login
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(private)],
+                       check=True)  # fmt: skip
+        private.with_suffix(".pub").rename(root / "keys" / f"{login}.pub")
+
+        def make() -> SessionBackend:
+            return open_backend(site.config)
+
+        def spec(**options: Any) -> SessionSpec:
+            end = options.pop("end", datetime.now(UTC) + timedelta(hours=1))
+            user = options.pop("user", login)
+            backend = open_backend(site.config)
+            assert isinstance(backend, UdockerBackend)
+            return backend.new_spec(user, "pytorch", end, **options)
+
+        contract = Contract(site, make, spec)
+        contract.backend.provision(spec())
+        yield contract
+        for session in contract.make().list_sessions():
+            contract.make().kill(session.key)
+    finally:
+        subprocess.run(["pkill", "-KILL", "-U", login], check=False)
+        subprocess.run(["userdel", "--remove", login], check=False, capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def login_user(contract: Contract, session: Session, command: str) -> str:
