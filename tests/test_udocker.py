@@ -29,6 +29,7 @@ from gpuresa.access import host_account
 from gpuresa.backends.factory import open_backend
 from gpuresa.backends.udocker import UdockerBackend, launch
 from gpuresa.config.sections import parse_config
+from gpuresa.gpus.cgroups import container_of
 from gpuresa.model import Session
 from gpuresa.runtime import SessionError
 from gpuresa.runtime.limits import local_totals, session_limits
@@ -169,6 +170,12 @@ def test_a_session_runs_as_the_login_with_its_folders(site: Site) -> None:
     adopted = {item.key: item for item in site.backend().list_sessions()}
     assert adopted[spec.key].state == "running"
     assert adopted[spec.key].ssh_port == spec.ssh_port
+    # the GPU tracker tells the session's processes by their cgroup; a host process has none
+    _, roles = site.backend().sessions_and_containers()
+    members = backend.cgroup(spec.key).members()
+    assert members and {container_of(pid) for pid in members} == set(roles)
+    assert roles[str(container_of(members[0]))] == (spec.key, "main")
+    assert container_of(os.getpid()) is None
     site.backend().extend(spec.key, spec.end + timedelta(hours=1))
     site.backend().message(spec.key, "ten minutes left")
     code, text = site.run(session, "cat /etc/gpuresa/session/message /etc/gpuresa/session/end")

@@ -40,7 +40,7 @@ from gpuresa.runtime.gpus import HostGpus, host_gpu_access
 from gpuresa.runtime.images import Images
 from gpuresa.runtime.limits import SessionLimits, local_totals, session_limits
 from gpuresa.runtime.output import output_path
-from gpuresa.runtime.payload import SESSION_FILES_TARGET, safe_key, utc_text
+from gpuresa.runtime.payload import MAIN_ROLE, SESSION_FILES_TARGET, safe_key, utc_text
 from gpuresa.runtime.records import EndRecords
 from gpuresa.runtime.session_files import SessionFacts, SessionFiles, end_text
 from gpuresa.runtime.specs import check_spec, new_spec
@@ -119,6 +119,13 @@ class UdockerBackend:
                     f"the host has no cgroup v1 {name} controller at {self.cgroup_root / name}: "
                     "udocker sessions could not be stopped or limited"
                 )
+        for folder in [self.root, *self.root.parents]:
+            with contextlib.suppress(FileNotFoundError):
+                if not os.stat(folder).st_mode & stat.S_IXOTH:
+                    raise SessionError(
+                        f"{folder} is not traversable by users: their udocker and sshd could not "
+                        f"reach {self.root} (set [udocker] root elsewhere)"
+                    )
         for tool in ("setpriv", "setsid", "nsenter"):
             if shutil.which(tool) is None:
                 raise SessionError(f"{tool} (util-linux) is not installed")
@@ -232,15 +239,21 @@ class UdockerBackend:
     # --- what the daemon asks of a Docker runtime, for udocker ------------------------------
 
     def sessions_and_containers(self) -> tuple[list[Session], dict[str, tuple[str, str]]]:
-        """`list_sessions()`, and no containers for the GPU tracker to match by id."""
-        return self.list_sessions(), {}
+        """`list_sessions()`, and each session's cgroup path as its "container id" with (key,
+        "main"): the GPU tracker finds a process's session by its cgroup."""
+        sessions = self.list_sessions()
+        roles = {
+            str(self.cgroup(session.key).relative): (session.key, MAIN_ROLE) for session in sessions
+        }
+        return sessions, roles
 
     def collect_garbage(self, busy: set[str]) -> list[str]:
         return self.cleanup(busy)
 
     def end_main(self, key: str) -> None:
-        """End the session's processes at once (it is made again by the daemon's next round)."""
-        self._end(key, finish=False)
+        """End the session's processes at once; its record, end and output stay, so it is
+        listed "stopped" and the daemon's next round makes it again."""
+        self._end_processes(key)
 
     # --- reading sessions back -------------------------------------------------------------
 
@@ -486,17 +499,9 @@ class UdockerBackend:
 
     def _end(self, key: str, finish: bool) -> None:
         """Kill everything in the session's cgroup, remove its container and files."""
-        record = self.records.read(key)
-        cgroup = self.cgroup(key)
-        if cgroup.exists():
-            cgroup.kill_all()
-            cgroup.remove()
+        record = self._end_processes(key)
         if record is None:
             return
-        account = host_account(record.spec.user)
-        if account is not None and self._container_exists(account, record.container):
-            # its files go in the background, as the user: nothing of it runs any more
-            tools.remove_detached(self.config, account, record.container, key)
         session = record.session("stopped", self.ends.recorded(key))
         self.records.remove(key)
         self.files.remove(key)
@@ -504,6 +509,21 @@ class UdockerBackend:
         if finish:
             log.info("%s: stopped; output kept in %s", key, record.output_dir)
             self.finish_stop(session)
+
+    def _end_processes(self, key: str) -> Record | None:
+        """Kill everything in the session's cgroup and remove its container; its record."""
+        record = self.records.read(key)
+        cgroup = self.cgroup(key)
+        if cgroup.exists():
+            cgroup.kill_all()
+            cgroup.remove()
+        if record is None:
+            return None
+        account = host_account(record.spec.user)
+        if account is not None and self._container_exists(account, record.container):
+            # its files go in the background, as the user: nothing of it runs any more
+            tools.remove_detached(self.config, account, record.container, key)
+        return record
 
     def finish_stop(self, session: Session) -> None:
         from gpuresa.outputs.handover import finish_output
