@@ -296,11 +296,11 @@ def test_a_session_gets_its_gpus_share_of_the_host_and_no_other_gpu(
 
 
 def test_a_session_over_its_memory_is_stopped_inside_its_cgroup(make: Callable[..., Site]) -> None:
-    site = make(limits={"shm_size": "64m", "pids": 256, "memory": "300m", "cpus": 0.5})
+    site = make(limits={"shm_size": "64m", "pids": 256, "memory": "300m", "cpus": 1.5})
     backend = site.backend()
     session = backend.start(spec_of(site, backend))
     cgroup = backend.cgroup(session.key)
-    assert (cgroup.folder("cpu") / "cpu.cfs_quota_us").read_text().strip() == "50000"
+    assert (cgroup.folder("cpu") / "cpu.cfs_quota_us").read_text().strip() == "150000"
     # tail keeps the last (newline-free) line whole: 600 MiB, past memory and swap
     _, text = site.run(session, "head -c 600M /dev/zero | tail >/dev/null; echo $?")
     assert text.split()[-1] != "0", text
