@@ -62,8 +62,17 @@ def ssh(port: int, login: str, key: Path) -> paramiko.SSHClient | None:
     client = paramiko.SSHClient()
     client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
     try:
-        client.connect("127.0.0.1", port, username=login, key_filename=str(key), timeout=2,
-                       banner_timeout=2, auth_timeout=2, allow_agent=False, look_for_keys=False)  # fmt: skip
+        client.connect(
+            "127.0.0.1",
+            port,
+            username=login,
+            key_filename=str(key),
+            timeout=2,
+            banner_timeout=2,
+            auth_timeout=2,
+            allow_agent=False,
+            look_for_keys=False,
+        )
     except (paramiko.SSHException, OSError, EOFError):
         client.close()
         return None
