@@ -2,6 +2,9 @@
 
 `--engine podman` measures the same on the Podman service (its bare run gets
 the user namespace of its own and the limits a Podman session gets).
+`--engine udocker` measures a udocker host's sessions (run as a host account
+the benchmark makes and removes): prepare, prepared start until the login,
+start from nothing, stop; there is no bare run to compare with.
 
 Measures, in one run and interleaved (so both see the same machine):
 
@@ -24,6 +27,7 @@ import functools
 import logging
 import os
 import random
+import shutil
 import socket
 import statistics
 import subprocess
@@ -105,8 +109,8 @@ def make_config(root: Path, host: str, engine: str) -> Config:
     )
 
 
-def wait_for_login(port: int, key: paramiko.PKey, timeout: float = 30) -> None:
-    """Return as soon as `LOGIN` logs in with `key` on 127.0.0.1:port."""
+def wait_for_login(port: int, key: paramiko.PKey, timeout: float = 30, user: str = LOGIN) -> None:
+    """Return as soon as `user` logs in with `key` on 127.0.0.1:port."""
     deadline = time.monotonic() + timeout
     while True:
         client = paramiko.SSHClient()
@@ -115,7 +119,7 @@ def wait_for_login(port: int, key: paramiko.PKey, timeout: float = 30) -> None:
             client.connect(
                 "127.0.0.1",
                 port,
-                username=LOGIN,
+                username=user,
                 pkey=key,
                 look_for_keys=False,
                 allow_agent=False,
@@ -142,13 +146,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7, help="measurements of each (>= 5)")
     parser.add_argument(
-        "--engine", choices=("docker", "podman"), default="docker", help="the engine to measure"
+        "--engine",
+        choices=("docker", "podman", "udocker"),
+        default="docker",
+        help="the engine to measure",
     )
     arguments = parser.parse_args()
     engine = arguments.engine
     rounds = max(5, arguments.rounds)
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+    if engine == "udocker":
+        return udocker_main(rounds)
 
     host = f"bench-{uuid.uuid4().hex[:8]}"
     client: Any = (
@@ -160,6 +169,7 @@ def main() -> int:
         "bare": [],
         "session": [],
         "prepared": [],
+        "prepare": [],
         "stop": [],
     }
     with tempfile.TemporaryDirectory(prefix="gpuresa-bench-") as directory:
@@ -228,7 +238,7 @@ def main() -> int:
 
                 # a session prepared minutes earlier (as the daemon does) until the login works
                 wanted = spec()
-                runtime.prepare(wanted)
+                results["prepare"].append(timed(functools.partial(runtime.prepare, wanted)))
                 started = time.perf_counter()
                 session = runtime.start(wanted)
                 wait_for_login(session.ssh_port, key)
@@ -250,6 +260,7 @@ def main() -> int:
         (f"bare `{engine} run` until SSH login", results["bare"]),
         ("session start until SSH login", results["session"]),
         ("prepared session start until SSH login", results["prepared"]),
+        ("session prepare", results["prepare"]),
         ("session stop", results["stop"]),
     ]
     print(
@@ -270,6 +281,67 @@ def main() -> int:
         print(
             f"session start {label} / bare {engine} run = {ratio:.2f}x ({verdict} the 1.5x target)"
         )
+    return 0
+
+
+def udocker_main(rounds: int) -> int:
+    """The udocker rows: a host account of its own as the login, in a folder users traverse."""
+    from gpuresa.backends.udocker import UdockerBackend
+
+    host = f"bench-{uuid.uuid4().hex[:8]}"
+    login = f"bu{uuid.uuid4().hex[:8]}"
+    results: dict[str, list[float]] = {"session": [], "prepared": [], "prepare": [], "stop": []}
+    root = Path(tempfile.mkdtemp(prefix="gpuresa-bench-udocker-"))
+    root.chmod(0o755)
+    subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", login], check=True)
+    try:
+        data = make_config(root, host, "udocker")
+        for folder in ("keys", "output", "state", "input"):
+            (root / folder).chmod(0o755)
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / "key")], check=True
+        )
+        (root / "keys" / f"{login}.pub").write_text((root / "key.pub").read_text())
+        key = paramiko.Ed25519Key.from_private_key_file(str(root / "key"))
+        backend = UdockerBackend(data)
+
+        def spec() -> SessionSpec:
+            end = datetime.now(UTC) + timedelta(hours=1)
+            return backend.new_spec(login, "pytorch", end, key=f"bench-{uuid.uuid4().hex[:8]}")
+
+        backend.provision("pytorch", None)
+        for _ in range(rounds):
+            wanted = spec()
+            started = time.perf_counter()
+            session = backend.start(wanted)
+            wait_for_login(session.ssh_port, key, user=login)
+            results["session"].append(time.perf_counter() - started)
+            results["stop"].append(timed(functools.partial(backend.stop, wanted.key, timedelta(0))))
+
+            wanted = spec()
+            results["prepare"].append(timed(functools.partial(backend.prepare, wanted)))
+            started = time.perf_counter()
+            session = backend.start(wanted)
+            wait_for_login(session.ssh_port, key, user=login)
+            results["prepared"].append(time.perf_counter() - started)
+            backend.stop(wanted.key, timedelta(0))
+        for session in backend.list_sessions():
+            backend.kill(session.key)
+    finally:
+        subprocess.run(["pkill", "-KILL", "-U", login], check=False)
+        subprocess.run(["userdel", "--remove", login], check=False, capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
+    print(f"gpuresa session benchmark on udocker ({rounds} rounds each, base {BASE_IMAGE})")
+    print(f"{'measure':<42} {'median':>8} {'min':>8} {'max':>8}")
+    for label, measure in (
+        ("session start until SSH login", "session"),
+        ("prepared session start until SSH login", "prepared"),
+        ("session prepare", "prepare"),
+        ("session stop", "stop"),
+    ):
+        values = results[measure]
+        median = statistics.median(values)
+        print(f"{label:<42} {median:>7.3f}s {min(values):>7.3f}s {max(values):>7.3f}s")
     return 0
 
 

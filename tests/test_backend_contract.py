@@ -1,14 +1,18 @@
 """The session protocol's promises (`gpuresa.backends.protocol`), checked on every backend.
 
 Each test takes `contract`, one backend of a real site in turn (Docker, Podman,
-a Slurm cluster), and speaks only the protocol: what passes here for one backend must pass for
-every other. A user's view is checked the way a user has it, an SSH login.
+udocker, a Slurm cluster), and speaks only the protocol: what passes here for one
+backend must pass for every other. A user's view is checked the way a user has it, an SSH login.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
+import subprocess
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -20,7 +24,9 @@ from conftest import _harness
 from slurm_site import SlurmSite, slurm_site
 from test_runtime import Site, built_fixture, make_site, run, ssh_login  # noqa: F401
 
+from gpuresa.backends.factory import open_backend
 from gpuresa.backends.protocol import SessionBackend
+from gpuresa.backends.udocker import UdockerBackend
 from gpuresa.model import Session, SessionSpec
 from gpuresa.runtime import Runtime, SessionError
 
@@ -43,8 +49,16 @@ class Contract:
         self.backend = self.make()
 
 
-@pytest.fixture(name="contract", params=("docker", "podman", "slurm"))
+# every backend the protocol has: the engines through `Runtime`, udocker, Slurm
+BACKENDS = ("docker", "podman", "udocker", "slurm")
+
+
+@pytest.fixture(name="contract", params=BACKENDS)
 def contract_fixture(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Contract]:
+    if request.param == "udocker":
+        request.getfixturevalue("built")(request.getfixturevalue("docker_harness"))
+        yield from udocker_contract(request.getfixturevalue("docker_client"))
+        return
     if request.param == "slurm":
         with slurm_site(tmp_path) as cluster:
 
@@ -81,6 +95,44 @@ def _engine_contract(tmp_path: Path, engine_harness: Any) -> Contract:
         return runtime.new_spec(user, "pytorch", end, **options)
 
     return Contract(site, make, spec)
+
+
+def udocker_contract(docker_client: Any) -> Iterator[Contract]:
+    """A udocker site whose login is a host account of this test's own (its sessions run as
+    it), with its key in the site's keys, its image provisioned; all removed after."""
+    login = f"uc{uuid.uuid4().hex[:8]}"
+    root = Path(f"/tmp/gpuresa-contract-{uuid.uuid4().hex[:8]}")
+    root.mkdir(mode=0o755)
+    subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", login], check=True)
+    try:
+        site = make_site(root, docker_client, engine="udocker", driver_binaries=[])
+        for folder in ("keys", "input", "output", "state"):
+            os.chmod(root / folder, 0o755)
+        private = root / "private" / login
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(private)],
+                       check=True)  # fmt: skip
+        private.with_suffix(".pub").rename(root / "keys" / f"{login}.pub")
+
+        def make() -> SessionBackend:
+            return open_backend(site.config)
+
+        def spec(**options: Any) -> SessionSpec:
+            end = options.pop("end", datetime.now(UTC) + timedelta(hours=1))
+            user = options.pop("user", login)
+            backend = open_backend(site.config)
+            assert isinstance(backend, UdockerBackend)
+            return backend.new_spec(user, "pytorch", end, **options)
+
+        contract = Contract(site, make, spec)
+        first = spec()
+        contract.backend.provision(first.template, first.cuda)
+        yield contract
+        for session in contract.make().list_sessions():
+            contract.make().kill(session.key)
+    finally:
+        subprocess.run(["pkill", "-KILL", "-U", login], check=False)
+        subprocess.run(["userdel", "--remove", login], check=False, capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def login_user(contract: Contract, session: Session, command: str) -> str:

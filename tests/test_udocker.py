@@ -8,12 +8,14 @@ udocker repository once per module. Users log in with paramiko.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import stat
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -23,18 +25,29 @@ import pytest
 from conftest import BASE_IMAGE, TEST_HOST
 from test_runtime import free_block
 
+from gpuresa.access import host_account
 from gpuresa.backends.factory import open_backend
-from gpuresa.backends.udocker import UdockerBackend
+from gpuresa.backends.udocker import UdockerBackend, launch
 from gpuresa.config.sections import parse_config
+from gpuresa.gpus.cgroups import container_of
 from gpuresa.model import Session
 from gpuresa.runtime import SessionError
+from gpuresa.runtime.limits import local_totals, session_limits
 
 # real host accounts, real daemons and servers: not for the fast lane
 pytestmark = pytest.mark.services
 
 
 class Site:
-    def __init__(self, root: Path, login: str, gpu_mode: str = "none", gpus: Any = ()) -> None:
+    def __init__(
+        self,
+        root: Path,
+        login: str,
+        gpu_mode: str = "none",
+        gpus: Any = (),
+        limits: dict[str, Any] | None = None,
+        **host: Any,
+    ) -> None:
         self.root, self.login = root, login
         for folder in ("keys", "private", "input", "output", "state"):
             (root / folder).mkdir(parents=True, exist_ok=True)
@@ -61,6 +74,7 @@ class Site:
                         "ftp_passive_ports": f"{first + 8}-{first + 19}",
                         "ftp_passive_per_session": 3,
                         "driver_binaries": [],
+                        **host,
                     }
                 ],
                 "templates": {"base_image": BASE_IMAGE},
@@ -69,7 +83,7 @@ class Site:
                     "output_root": str(root / "output"),
                     "inputs": [{"source": str(root / "input"), "target": "/data"}],
                 },
-                "limits": {"shm_size": "256m", "pids": 256, "memory": "1g"},
+                "limits": limits or {"shm_size": "256m", "pids": 256, "memory": "1g"},
             },
             str(root / "config.toml"),
         )
@@ -103,16 +117,28 @@ def login_fixture() -> Iterator[str]:
     subprocess.run(["userdel", "--remove", login], check=False, capture_output=True)
 
 
+@pytest.fixture(name="make")
+def make_fixture(login: str) -> Iterator[Callable[..., Site]]:
+    """Sites of this test's login (each in a folder every user may traverse), removed after."""
+    sites: list[Site] = []
+
+    def make(**options: Any) -> Site:
+        root = Path(f"/tmp/gpuresa-udocker-{uuid.uuid4().hex[:8]}")
+        root.mkdir(mode=0o755)
+        sites.append(Site(root, login, **options))
+        return sites[-1]
+
+    yield make
+    for site in sites:
+        backend = site.backend()
+        for session in backend.list_sessions():
+            backend.kill(session.key)
+        shutil.rmtree(site.root, ignore_errors=True)
+
+
 @pytest.fixture(name="site")
-def site_fixture(login: str) -> Iterator[Site]:
-    root = Path(f"/tmp/gpuresa-udocker-{uuid.uuid4().hex[:8]}")
-    root.mkdir(mode=0o755)
-    site = Site(root, login)
-    yield site
-    backend = site.backend()
-    for session in backend.list_sessions():
-        backend.kill(session.key)
-    shutil.rmtree(root, ignore_errors=True)
+def site_fixture(make: Callable[..., Site]) -> Site:
+    return make()
 
 
 def spec_of(site: Site, backend: UdockerBackend, **options: Any) -> Any:
@@ -147,6 +173,12 @@ def test_a_session_runs_as_the_login_with_its_folders(site: Site) -> None:
     adopted = {item.key: item for item in site.backend().list_sessions()}
     assert adopted[spec.key].state == "running"
     assert adopted[spec.key].ssh_port == spec.ssh_port
+    # the GPU tracker tells the session's processes by their cgroup; a host process has none
+    _, roles = site.backend().sessions_and_units()
+    members = backend.cgroup(spec.key).members()
+    assert members and {container_of(pid) for pid in members} == set(roles)
+    assert roles[str(container_of(members[0]))] == (spec.key, "main")
+    assert container_of(os.getpid()) is None
     site.backend().extend(spec.key, spec.end + timedelta(hours=1))
     site.backend().message(spec.key, "ten minutes left")
     code, text = site.run(session, "cat /etc/gpuresa/session/message /etc/gpuresa/session/end")
@@ -194,3 +226,86 @@ def test_a_login_without_a_host_account_is_refused(site: Site) -> None:
     spec = backend.new_spec("nobodyhere", "pytorch", datetime.now(UTC) + timedelta(hours=1))
     with pytest.raises(SessionError, match="no account on host"):
         backend.check_spec(spec)
+
+
+# --- a share of the host, and only the booked GPUs ---------------------------------------------
+
+
+@pytest.fixture(name="stand_in_gpus")
+def stand_in_gpus_fixture() -> Iterator[dict[str, int]]:
+    """NVIDIA's nodes where none exists: GPU 1 and the control nodes copies of /dev/null, GPU 0
+    a number no driver serves (opening it says ENXIO, where a denial says EPERM)."""
+    numbers = {"nvidia0": os.makedev(1, 200), "nvidia1": os.makedev(1, 3)}
+    made = []
+    for name in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm"):
+        path = Path("/dev") / name
+        if path.exists():
+            continue
+        os.mknod(path, 0o666 | stat.S_IFCHR, numbers.get(name, os.makedev(1, 3)))
+        os.chmod(path, 0o666)
+        made.append(path)
+    try:
+        yield {name: os.stat(f"/dev/{name}").st_rdev for name in ("nvidia0", "nvidia1")}
+    finally:
+        for path in made:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+
+def test_a_session_gets_its_gpus_share_of_the_host_and_no_other_gpu(
+    make: Callable[..., Site], stand_in_gpus: dict[str, int]
+) -> None:
+    assert stand_in_gpus["nvidia0"] != stand_in_gpus["nvidia1"], "/dev/nvidia0 is not ours"
+    site = make(gpu_mode="devices", gpus=[0, 1], limits={"shm_size": "256m", "pids": 300})
+    backend = site.backend()
+    session = backend.start(spec_of(site, backend, gpus=(1,)))
+    assert session.gpus == (1,)
+    code, text = site.run(
+        session,
+        "test -c /dev/nvidia1 && test -c /dev/nvidiactl && test -c /dev/nvidia-uvm"
+        " && ! test -e /dev/nvidia0 && echo devices-ok;"
+        " echo x > /dev/nvidia1 && echo writable;"
+        " echo visible $NVIDIA_VISIBLE_DEVICES $CUDA_VISIBLE_DEVICES",
+    )
+    assert code == 0, text
+    assert "devices-ok" in text and "writable" in text, text
+    assert "visible 1 1" in text, text
+    # the cgroup: half the host (one of two GPUs), less its reserve, swap included; pids
+    expected = session_limits(site.config.limits, local_totals(2), 1)
+    cgroup = backend.cgroup(session.key)
+    memory = cgroup.folder("memory")
+    assert int((memory / "memory.limit_in_bytes").read_text()) == expected.memory
+    assert int((memory / "memory.memsw.limit_in_bytes").read_text()) == expected.memory
+    cpu = cgroup.folder("cpu")
+    quota = int((cpu / "cpu.cfs_quota_us").read_text())
+    assert quota == int(expected.cpus * int((cpu / "cpu.cfs_period_us").read_text()))
+    assert (cgroup.folder("pids") / "pids.max").read_text().strip() == "300"
+    # the devices cgroup alone: a process of the session that finds GPU 0's node (here, the
+    # host's, reached outside the container) may not open it; the same user outside may
+    account = host_account(site.login)
+    assert account is not None
+    probe = "echo x > /dev/nvidia0 || echo refused"
+    report = site.root / "probe.log"
+    launch.spawn(cgroup, account, ["/bin/sh", "-c", probe], {"PATH": "/usr/bin:/bin"}, report)
+    outside = subprocess.run(
+        ["setpriv", "--reuid", site.login, "--regid", site.login, "--clear-groups",
+         "/bin/sh", "-c", probe], capture_output=True, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 10
+    while "refused" not in report.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "Operation not permitted" in report.read_text(), report.read_text()
+    assert "No such device" in outside.stderr, outside.stderr
+
+
+def test_a_session_over_its_memory_is_stopped_inside_its_cgroup(make: Callable[..., Site]) -> None:
+    site = make(limits={"shm_size": "64m", "pids": 256, "memory": "300m", "cpus": 1.5})
+    backend = site.backend()
+    session = backend.start(spec_of(site, backend))
+    cgroup = backend.cgroup(session.key)
+    assert (cgroup.folder("cpu") / "cpu.cfs_quota_us").read_text().strip() == "150000"
+    # tail keeps the last (newline-free) line whole: 600 MiB, past memory and swap
+    _, text = site.run(session, "head -c 600M /dev/zero | tail >/dev/null; echo $?")
+    assert text.split()[-1] != "0", text
+    _, text = site.run(session, "echo still-here")
+    assert text.strip() == "still-here", text

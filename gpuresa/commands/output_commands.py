@@ -7,6 +7,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+from gpuresa.backends.factory import open_backend
 from gpuresa.commands.template_commands import docker_errors
 from gpuresa.config.sections import load_config
 from gpuresa.errors import UserError
@@ -14,7 +15,7 @@ from gpuresa.inert import echo
 from gpuresa.outputs.disk import disk_warnings
 from gpuresa.outputs.records import OutputFolder, folder_bytes
 from gpuresa.outputs.service import OutputService
-from gpuresa.runtime import Runtime, SessionError
+from gpuresa.runtime import SessionError
 from gpuresa.runtime.output_area import ensure_area
 
 
@@ -42,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _service(arguments: argparse.Namespace) -> OutputService:
     config = load_config(arguments.config)
-    return OutputService(config, Runtime(config))
+    return OutputService(config, open_backend(config))
 
 
 def _row(folder: OutputFolder, service: OutputService) -> dict[str, Any]:

@@ -188,7 +188,10 @@ class UdockerConfig:
     # the interpreter users run udocker with (gpuresa's own may not be readable by them)
     python: Path = Path("/usr/bin/python3")
     runc: Path = Path("/usr/sbin/runc")
-    # each login's udocker repository: <repositories>/<login> (default <state_dir>/udocker)
+    # gpuresa's udocker folder, which users traverse (state_dir is root's alone):
+    # default <state_dir>-udocker, next to it
+    root: Path | None = None
+    # each login's udocker repository: <repositories>/<login> (default <root>/users)
     repositories: Path | None = None
     # who builds the templates' images before they are saved and loaded into udocker
     image_engine: Literal["docker", "podman", "none"] = "docker"

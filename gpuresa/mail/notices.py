@@ -450,8 +450,12 @@ def start_message(
     output_target: Path = OUTPUT_TARGET,
     details: str = "",
     password_in_mail: bool = True,
+    ftps: bool = True,
 ) -> tuple[str, str]:
     """The notice sent when a session starts: how to log in, FTP access, the end.
+
+    Without `ftps` (a session with no FTPS sidecar: udocker's) the output is
+    fetched over SFTP through the session's own SSH server, and the notice says so.
 
     Without `password_in_mail` (an address that came from the calendar, which
     anyone may write) the FTP password is left out: the user reads it in the
@@ -482,7 +486,23 @@ ssh -p {session.ssh_port} {session.user}@{public_host}
 
 You have sudo inside the session. Keep your results in {output_target}: that
 folder is kept after the end; everything else in the session is lost when it
-stops. While the session runs, {output_target} is also served over FTPS
+stops. {
+        _transfer(session, public_host, output_target, password)
+        if ftps
+        else _sftp_transfer(session, public_host, output_target)
+    }
+{details}
+You will be warned by e-mail and in the session before the end.
+
+Reservation: {one_line(session.key)}
+"""
+    return subject, body
+
+
+def _transfer(session: Session, public_host: str, output_target: Path, password: str) -> str:
+    """The start notice's FTPS paragraph (a session with an FTPS sidecar)."""
+    return f"""\
+While the session runs, {output_target} is also served over FTPS
 (FTP with explicit TLS; this password is for this session only):
 
   FTP host:      {public_host}
@@ -493,13 +513,19 @@ stops. While the session runs, {output_target} is also served over FTPS
 
 With a client that keeps one TLS session for the whole login (lftp, FileZilla,
 WinSCP, curl), for example:
-  lftp -e "set ftp:ssl-force true" -p {session.ftp_port} -u {session.ftp_user} {public_host}
-{details}
-You will be warned by e-mail and in the session before the end.
+  lftp -e "set ftp:ssl-force true" -p {session.ftp_port} -u {session.ftp_user} {public_host}"""
 
-Reservation: {one_line(session.key)}
+
+def _sftp_transfer(session: Session, public_host: str, output_target: Path) -> str:
+    """The start notice's SFTP paragraph (a session whose own sshd serves files)."""
+    login = f"{session.user}@{public_host}"
+    return f"""\
+While the session runs, its files (and {output_target}) are
+reachable over SFTP through the session's own SSH server, with the same key:
+
+  sftp -P {session.ssh_port} {login}
+  scp -P {session.ssh_port} '{login}:{output_target}/*' .
 """
-    return subject, body
 
 
 def warning_message(

@@ -11,6 +11,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from gpuresa.config.sections import Config
+from gpuresa.errors import UserError
 from gpuresa.mail.notices import SUBJECT_PREFIX, format_remaining, format_time, one_line
 from gpuresa.model import Session
 from gpuresa.outputs.credentials import HostCredentials
@@ -37,6 +38,43 @@ def start_details(config: Config, session: Session, public_host: str) -> str:
     Raises `OSError` when the CA or the FTPS certificate cannot be read (the
     caller sends the notice without them rather than not at all).
     """
+    if _runs_as_login(config, session):
+        text = _session_host_key(config, session)
+    else:
+        text = _certified_host_keys(config, public_host)
+    if config.storage.sftp_port:
+        text += f"""
+Your outputs of this host, during and after your sessions, read-only
+({_retention(config)}):
+
+  {sftp_command(config, session.user, public_host)}
+"""
+    return text
+
+
+def _runs_as_login(config: Config, session: Session) -> bool:
+    try:
+        return config.host(session.host).engine == "udocker"
+    except UserError:
+        return False
+
+
+def _session_host_key(config: Config, session: Session) -> str:
+    """A udocker session's own host key (its login's sshd has no certificate)."""
+    from gpuresa.backends.udocker.records import host_key_fingerprint
+
+    fingerprint = host_key_fingerprint(config, session.key)
+    if fingerprint is None:
+        return ""
+    return f"""
+Your session's SSH server presents a host key of its own; its fingerprint
+(check it when ssh asks):
+
+  {fingerprint}
+"""
+
+
+def _certified_host_keys(config: Config, public_host: str) -> str:
     ca = HostCA(config)
     line = ca.known_hosts_line()
     text = f"""
@@ -50,13 +88,6 @@ all your sessions on this host:
 The FTPS certificate's SHA-256 fingerprint (check it when your FTP client asks):
 
   {HostCredentials(config).tls_fingerprint()}
-"""
-    if config.storage.sftp_port:
-        text += f"""
-Your outputs of this host, during and after your sessions, read-only
-({_retention(config)}):
-
-  {sftp_command(config, session.user, public_host)}
 """
     return text
 

@@ -121,8 +121,17 @@ class OutputService:
 
     @property
     def engine(self) -> Engine:
-        """The runtime's Docker gateway (asked for on use: making a service needs no Docker)."""
-        engine: Engine = self.runtime.engine
+        """The runtime's Docker gateway (asked for on use: making a service needs no Docker).
+
+        Raises `SessionError` for a backend without one (udocker): its host serves
+        outputs through each session's own sshd, and has no output service.
+        """
+        engine: Engine | None = getattr(self.runtime, "engine", None)
+        if engine is None:
+            raise SessionError(
+                "the output service runs on a Docker or Podman engine; this host's sessions "
+                "have none (storage.sftp_port must be 0 on a udocker host)"
+            )
         return engine
 
     @property

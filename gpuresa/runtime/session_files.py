@@ -113,13 +113,19 @@ def motd_text(facts: SessionFacts, timezone: str) -> str:
 
 
 class SessionFiles:
-    """The per-session folders under `root` (`<state_dir>/sessions`)."""
+    """The per-session folders under `root` (`<state_dir>/sessions`).
 
-    def __init__(self, root: Path, root_mode: int = ROOT_MODE) -> None:
-        """`root_mode`: the mode of `root` itself (0711 where the users' own processes,
-        not bind mounts, reach their session's folder: a Slurm job's sshd)."""
+    `root_mode` and `folder_mode` are the modes the root and each folder are
+    kept at (a backend whose sessions run as host users gives their folders
+    to each login's group, under a root they traverse but cannot list).
+    """
+
+    def __init__(
+        self, root: Path, root_mode: int = ROOT_MODE, folder_mode: int = FOLDER_MODE
+    ) -> None:
         self.root = root
         self.root_mode = root_mode
+        self.folder_mode = folder_mode
 
     def path(self, key: str) -> Path:
         """The folder of session `key` on the host (what is mounted in the container)."""
@@ -205,12 +211,12 @@ class SessionFiles:
                 # an older install made it 0755: closed on every write
                 os.fchmod(parent, self.root_mode)
                 with contextlib.suppress(FileExistsError):
-                    os.mkdir(path.name, FOLDER_MODE, dir_fd=parent)
+                    os.mkdir(path.name, self.folder_mode, dir_fd=parent)
                 folder = _open_folder(Path(path.name), parent)
             finally:
                 os.close(parent)
             try:
-                os.fchmod(folder, FOLDER_MODE)
+                os.fchmod(folder, self.folder_mode)
                 yield folder
             finally:
                 os.close(folder)

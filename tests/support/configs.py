@@ -86,6 +86,7 @@ def write_daemon_config(
     daemon: str = "",
     limits: str = "",
     extra: str = "",
+    host_lines: str = "",
 ) -> Path:
     """Write `directory/config.toml` for a daemon under test; returns its path.
 
@@ -94,7 +95,7 @@ def write_daemon_config(
     once. `users`: each gets the key `directory/key` (made once). `daemon`:
     lines for the [daemon] table (its defaults here: a 1 s poll, 5 s prepared
     ahead, 1 s stop grace). `limits`: lines for [limits]. `extra`: tables
-    appended to the file.
+    appended to the file. `host_lines`: lines for the [[hosts]] table.
     """
     keys = directory / "keys"
     keys.mkdir(exist_ok=True)
@@ -142,6 +143,7 @@ ssh_ports = "{first}-{first + sessions - 1}"
 ftp_ports = "{first + sessions}-{first + 2 * sessions - 1}"
 ftp_passive_ports = "{first + 2 * sessions}-{first + 2 * sessions + passive - 1}"
 ftp_passive_per_session = {passive_per_session}
+{host_lines}
 [templates]
 base_image = "{BASE_IMAGE}"
 [users]

@@ -12,12 +12,14 @@ as for the engines (`gpuresa.runtime.session_files`), mounted read-only.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import secrets
 import shutil
 import signal
+import stat
 import time
 from collections.abc import Collection
 from datetime import UTC, datetime, timedelta
@@ -36,8 +38,9 @@ from gpuresa.runtime.engines import engine_kind
 from gpuresa.runtime.errors import ImageMissing, SessionError
 from gpuresa.runtime.gpus import HostGpus, host_gpu_access
 from gpuresa.runtime.images import Images
+from gpuresa.runtime.limits import SessionLimits, local_totals, session_limits
 from gpuresa.runtime.output import output_path
-from gpuresa.runtime.payload import SESSION_FILES_TARGET, safe_key, utc_text
+from gpuresa.runtime.payload import MAIN_ROLE, SESSION_FILES_TARGET, safe_key, utc_text
 from gpuresa.runtime.records import EndRecords
 from gpuresa.runtime.session_files import SessionFacts, SessionFiles, end_text
 from gpuresa.runtime.specs import check_spec, new_spec
@@ -49,6 +52,37 @@ SCRIPTS_TARGET = PurePosixPath("/opt/gpuresa-udocker")
 OUTPUT_MODE = 0o750
 
 
+# the nodes every container has: never denied, whatever a GPU node's number is
+CONTAINER_NODES = ("null", "zero", "full", "random", "urandom", "tty")
+
+
+def denied_devices(given: Collection[dict[str, str]]) -> list[tuple[str, int, int]]:
+    """The (type, major, minor) of the host's NVIDIA nodes a session is not given.
+
+    Every `/dev/nvidia*` when it has no GPUs, else each `/dev/nvidia<N>` of a GPU
+    it did not book. The session's devices cgroup denies them, so no process of
+    it opens another GPU, whatever node it finds. A number also borne by a node
+    the session is given, or by one every container has, is never denied.
+    """
+    paths = {device["PathOnHost"] for device in given}
+    kept = set()
+    for path in [*paths, *(f"/dev/{name}" for name in CONTAINER_NODES)]:
+        with contextlib.suppress(OSError):
+            kept.add(os.stat(path).st_rdev)
+    denied = []
+    for node in sorted(Path("/dev").glob("nvidia*")):
+        if str(node) in paths or (paths and not node.name[len("nvidia") :].isdigit()):
+            continue
+        try:
+            details = os.stat(node)
+        except OSError:
+            continue
+        if stat.S_ISCHR(details.st_mode) and details.st_rdev not in kept:
+            rdev = details.st_rdev
+            denied.append(("c", os.major(rdev), os.minor(rdev)))
+    return denied
+
+
 class UdockerBackend:
     """The sessions of a host with `engine = "udocker"` (see the module and the protocol)."""
 
@@ -56,7 +90,9 @@ class UdockerBackend:
         self.config = config
         self.root = tools.udocker_root(config)
         self.records = Records(self.root / "sessions")
-        self.files = SessionFiles(config.daemon.state_dir / "sessions")
+        # each session's folder is its login's group's (0750) under a root that host
+        # users traverse but cannot list: the login's runc binds it, its sshd reads it
+        self.files = SessionFiles(self.root / "files", root_mode=0o711, folder_mode=0o750)
         self.ends = EndRecords(config.daemon.state_dir / "sessions")
         self.cgroup_root = cgroup_root
         self._gpus = HostGpus()
@@ -83,6 +119,13 @@ class UdockerBackend:
                     f"the host has no cgroup v1 {name} controller at {self.cgroup_root / name}: "
                     "udocker sessions could not be stopped or limited"
                 )
+        for folder in [self.root, *self.root.parents]:
+            with contextlib.suppress(FileNotFoundError):
+                if not os.stat(folder).st_mode & stat.S_IXOTH:
+                    raise SessionError(
+                        f"{folder} is not traversable by users: their udocker and sshd could not "
+                        f"reach {self.root} (set [udocker] root elsewhere)"
+                    )
         for tool in ("setpriv", "setsid", "nsenter"):
             if shutil.which(tool) is None:
                 raise SessionError(f"{tool} (util-linux) is not installed")
@@ -93,6 +136,11 @@ class UdockerBackend:
     def check_spec(self, spec: SessionSpec) -> None:
         check_spec(self.config, spec, self.host_gpus())
         self.account(spec)
+
+    def limits(self, spec: SessionSpec) -> SessionLimits:
+        """`spec`'s CPUs and memory: its GPUs' share of this host, as on the engines."""
+        totals = local_totals(len(self.host_gpus()))
+        return session_limits(self.config.limits, totals, len(spec.gpus))
 
     def account(self, spec: SessionSpec) -> Account:
         """The login's host account; `SessionError` when it has none (sessions run as it)."""
@@ -199,15 +247,21 @@ class UdockerBackend:
     # --- what the daemon asks of a Docker runtime, for udocker ------------------------------
 
     def sessions_and_units(self) -> tuple[list[Session], dict[str, tuple[str, str]]]:
-        """`list_sessions()`, and no containers for the GPU tracker to match by id."""
-        return self.list_sessions(), {}
+        """`list_sessions()`, and each session's cgroup path as its "container id" with (key,
+        "main"): the GPU tracker finds a process's session by its cgroup."""
+        sessions = self.list_sessions()
+        roles = {
+            str(self.cgroup(session.key).relative): (session.key, MAIN_ROLE) for session in sessions
+        }
+        return sessions, roles
 
     def collect_garbage(self, busy: set[str]) -> list[str]:
         return self.cleanup(busy)
 
     def reset(self, key: str) -> None:
-        """End the session's processes at once (it is made again by the daemon's next round)."""
-        self._end(key, finish=False)
+        """End the session's processes at once; its record, end and output stay, so it is
+        listed "stopped" and the daemon's next round makes it again."""
+        self._end_processes(key)
 
     # --- reading sessions back -------------------------------------------------------------
 
@@ -240,13 +294,11 @@ class UdockerBackend:
         existing = self.session(spec.key)
         if existing is not None and existing.state in ("created", "running"):
             return existing
-        self.files.close_gate(spec.key, self._gate_text(spec))
         return self._make(spec, ready_timeout)
 
     def start(self, spec: SessionSpec, ready_timeout: float = 30) -> Session:
         existing = self.session(spec.key)
         if existing is None or existing.state == "stopped":
-            self.files.close_gate(spec.key, self._gate_text(spec))
             existing = self._make(spec, ready_timeout)
         if existing.state == "running":
             return existing
@@ -283,6 +335,7 @@ class UdockerBackend:
         del keys  # checked now; written when the gate opens
         gpu = host_gpu_access(self.host, spec.gpus)
         self._end(key, finish=False)
+        self.files.close_gate(key, self._gate_text(spec))
         output_dir = self._output(spec, account)
         # a name of its own each time: the removal of an earlier one may still run
         container = f"gpuresa-{safe_key(key)[:40]}-{secrets.token_hex(4)}"
@@ -291,6 +344,10 @@ class UdockerBackend:
         self.ends.forget(key)
         try:
             files = self.files.show_facts(key, self.facts(spec), self.config.reservations.timezone)
+            try:
+                os.chown(files, 0, account.gid)
+            except OSError as error:
+                raise SessionError(f"cannot give {files} to the login's group: {error}") from None
             write_file(folder / "authorized_keys", "")
             host_key = self.records.host_key(key, account)
             config_file = folder / "sshd_config"
@@ -305,7 +362,8 @@ class UdockerBackend:
             )
             tools.run_udocker(self.config, account, ["setup", "--execmode=R1", container], key)
             cgroup = self.cgroup(key)
-            cgroup.create(self.config.limits)
+            cgroup.create(self.limits(spec), self.config.limits.pids)
+            cgroup.deny_devices(denied_devices(gpu.devices))
             self._start_container(spec, record, gpu.devices, gpu.mounts, gpu.environment, files)
             launch.wait_for(
                 "the session's container",
@@ -449,17 +507,9 @@ class UdockerBackend:
 
     def _end(self, key: str, finish: bool) -> None:
         """Kill everything in the session's cgroup, remove its container and files."""
-        record = self.records.read(key)
-        cgroup = self.cgroup(key)
-        if cgroup.exists():
-            cgroup.kill_all()
-            cgroup.remove()
+        record = self._end_processes(key)
         if record is None:
             return
-        account = host_account(record.spec.user)
-        if account is not None and self._container_exists(account, record.container):
-            # its files go in the background, as the user: nothing of it runs any more
-            tools.remove_detached(self.config, account, record.container, key)
         session = record.session("stopped", self.ends.recorded(key))
         self.records.remove(key)
         self.files.remove(key)
@@ -467,6 +517,21 @@ class UdockerBackend:
         if finish:
             log.info("%s: stopped; output kept in %s", key, record.output_dir)
             self.finish_stop(session)
+
+    def _end_processes(self, key: str) -> Record | None:
+        """Kill everything in the session's cgroup and remove its container; its record."""
+        record = self.records.read(key)
+        cgroup = self.cgroup(key)
+        if cgroup.exists():
+            cgroup.kill_all()
+            cgroup.remove()
+        if record is None:
+            return None
+        account = host_account(record.spec.user)
+        if account is not None and self._container_exists(account, record.container):
+            # its files go in the background, as the user: nothing of it runs any more
+            tools.remove_detached(self.config, account, record.container, key)
+        return record
 
     def finish_stop(self, session: Session) -> None:
         from gpuresa.outputs.handover import finish_output

@@ -20,8 +20,8 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from gpuresa.config.sections import LimitsConfig
 from gpuresa.runtime.errors import SessionError
+from gpuresa.runtime.limits import SessionLimits
 
 log = logging.getLogger(__name__)
 
@@ -55,33 +55,38 @@ class SessionCgroup:
     def exists(self) -> bool:
         return self.folder("pids").is_dir()
 
-    def create(self, limits: LimitsConfig) -> None:
-        """Make the folders (root's, mode 0755) and write `limits`; raises `SessionError`."""
+    def create(self, limits: SessionLimits, pids: int) -> None:
+        """Make the folders (root's, mode 0755) and write the session's `limits` (its share of
+        the host, `gpuresa.runtime.limits`) and `pids`; raises `SessionError`.
+
+        Memory and memory plus swap get the same limit, as on the engines: a session
+        cannot page out past it; CPUs are a CFS quota per period.
+        """
         try:
             for name in self.controllers():
                 self.folder(name).mkdir(mode=0o755, parents=True, exist_ok=True)
-            _write(self.folder("pids") / "pids.max", str(limits.pids))
-            if limits.memory is not None:
-                memory = limits.memory.bytes
-                _write(self.folder("memory") / "memory.limit_in_bytes", str(memory))
-                # no swap beyond the limit where the kernel accounts it
-                swap = self.folder("memory") / "memory.memsw.limit_in_bytes"
-                if swap.exists():
-                    _write(swap, str(memory))
-            if limits.cpus is not None:
-                _write(self.folder("cpu") / "cpu.cfs_period_us", str(CPU_PERIOD_US))
-                _write(
-                    self.folder("cpu") / "cpu.cfs_quota_us", str(int(limits.cpus * CPU_PERIOD_US))
-                )
+            _write(self.folder("pids") / "pids.max", str(pids))
+            memory = self.folder("memory")
+            _write(memory / "memory.limit_in_bytes", str(limits.memory))
+            # the kernel accounts swap only when booted with swapaccount
+            if (memory / "memory.memsw.limit_in_bytes").exists():
+                _write(memory / "memory.memsw.limit_in_bytes", str(limits.memory))
+            _write(self.folder("cpu") / "cpu.cfs_period_us", str(CPU_PERIOD_US))
+            quota = max(int(limits.cpus * CPU_PERIOD_US), 1000)
+            _write(self.folder("cpu") / "cpu.cfs_quota_us", str(quota))
         except OSError as error:
             raise SessionError(
                 f"cannot make the session's cgroup {self.relative}: {error}"
             ) from None
 
     def deny_devices(self, devices: Iterable[tuple[str, int, int]]) -> None:
-        """Deny the session's processes these (type, major, minor) devices; needs "devices"."""
+        """Deny the session's processes these (type, major, minor) devices (before any process
+        joins); a host without the "devices" controller cannot, and is told in the log."""
         folder = self.folder("devices")
+        devices = list(devices)
         if not folder.is_dir():
+            if devices:
+                log.warning("%s: no devices cgroup: other GPUs not denied", self.relative)
             return
         for kind, major, minor in devices:
             try:

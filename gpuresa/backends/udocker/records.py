@@ -23,6 +23,7 @@ from datetime import datetime
 from pathlib import Path
 
 from gpuresa.access import Account
+from gpuresa.config.sections import Config
 from gpuresa.model import Session, SessionSpec
 from gpuresa.runtime.errors import SessionError
 from gpuresa.runtime.payload import parse_instant, safe_key, utc_text
@@ -184,6 +185,21 @@ class Records:
 
     def remove(self, key: str) -> None:
         shutil.rmtree(self.folder(key), ignore_errors=True)
+
+
+def host_key_fingerprint(config: Config, key: str) -> str | None:
+    """The SHA-256 fingerprint of session `key`'s host key (None when it has none)."""
+    from gpuresa.backends.udocker.tools import udocker_root
+
+    public = Records(udocker_root(config) / "sessions").folder(key) / "ssh" / f"{HOST_KEY}.pub"
+    try:
+        result = subprocess.run(
+            ["ssh-keygen", "-l", "-E", "sha256", "-f", str(public)],
+            capture_output=True, text=True, timeout=10, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return result.stdout.strip() if result.returncode == 0 else None
 
 
 def write_file(path: Path, text: str, mode: int = 0o644) -> None:

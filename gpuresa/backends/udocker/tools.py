@@ -32,8 +32,11 @@ COMMAND_TIMEOUT = 120.0
 
 
 def udocker_root(config: Config) -> Path:
-    """gpuresa's udocker folder: `<state_dir>/udocker` (sessions, image archives, driver files)."""
-    return config.daemon.state_dir / "udocker"
+    """gpuresa's udocker folder (sessions, their files, image archives, driver files):
+    `[udocker] root`, else `<state_dir>-udocker`. Not inside the state folder, which is
+    root's alone: each login's runc and sshd reach their session's files through it."""
+    state = config.daemon.state_dir
+    return config.udocker.root or state.parent / f"{state.name}-udocker"
 
 
 def repository(config: Config, login: str) -> Path:
