@@ -20,7 +20,6 @@ import dataclasses
 import json
 import os
 import pwd
-import random
 import shutil
 import socket
 import stat
@@ -37,6 +36,7 @@ import paramiko
 import pytest
 from conftest import BASE_IMAGE, PODMAN_SOCKET, TEST_HOST, DockerHarness
 from ftps_client import Ftps, FtpsError
+from support.configs import free_ports
 
 from gpuresa.cli import main
 from gpuresa.config.sections import Config, parse_config
@@ -67,12 +67,9 @@ def port_free(port: int) -> bool:
 
 
 def free_block(size: int) -> int:
-    """The first of `size` consecutive ports free on 127.0.0.1, somewhere in 40000-60000."""
-    for _ in range(200):
-        first = random.randrange(40000, 60000 - size)
-        if all(port_free(port) for port in range(first, first + size)):
-            return first
-    pytest.fail(f"no {size} consecutive free ports in 40000-60000")
+    """The first of `size` consecutive ports free on 127.0.0.1, below the ephemeral range
+    (see `support.configs.free_ports`)."""
+    return free_ports(size)
 
 
 @dataclass
