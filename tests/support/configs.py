@@ -107,7 +107,8 @@ def write_daemon_config(
     for user in users:
         (keys / f"{user}.pub").write_text(key_file.with_suffix(".pub").read_text())
     passive = passive_per_session * sessions
-    first = free_ports(2 * sessions + passive)
+    # the last port: the output service's, of this test alone (never the default 222)
+    first = free_ports(2 * sessions + passive + 1)
     if calendar is None:
         folder = directory / "calendar"
         folder.mkdir(exist_ok=True)
@@ -151,6 +152,7 @@ keys_dir = "{keys}"
 host_authorized_keys = false
 [storage]
 output_root = "{directory / "output"}"
+sftp_port = {first + 2 * sessions + passive}
 [limits]
 shm_size = "64m"
 {limits}
