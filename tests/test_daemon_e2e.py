@@ -331,11 +331,11 @@ def test_booking_lifecycle_with_extension_kill_and_calendar_outage(
     # nothing of the session is left; the host's output service stays
     left = [container.labels.get("gpuresa.role") for container in docker_harness.ours()]
     assert left == ["outputs"]
-    outputs = list(stack.output_root.rglob("result.txt"))
-    assert len(outputs) == 1 and outputs[0].read_text() == "result\n"
     # the end notice (sent once the output is handed over) says how to download it, and
     # until when; the output service serves it then, with no host account
     ended = mail_matching(stack.smtp, "ended")
+    outputs = list((stack.output_root / "alice").rglob("result.txt"))
+    assert len(outputs) == 1 and outputs[0].read_text() == "result\n"
     port = stack.config.storage.sftp_port
     assert f"sftp -P {port} alice@" in ended.get_content() and "removed on" in ended.get_content()
     assert download(stack, f"{outputs[0].parent.name}/result.txt") == b"result\n"
@@ -427,10 +427,10 @@ def test_a_booking_on_podman_runs_in_its_own_user_namespace_and_survives_a_kill(
         "the session to be removed",
     )
     assert podman_harness.sessions() == []
-    (result,) = stack.output_root.rglob("result.txt")
-    assert result.read_text() == "result\n"
     # after the end (told once the hand-over is done) it is the login's, not the
     # range's: the output service serves it
     mail_matching(stack.smtp, "ended")
+    (result,) = (stack.output_root / "alice").rglob("result.txt")
+    assert result.read_text() == "result\n"
     assert result.stat().st_uid != session.id_range.uid + uid
     assert download(stack, f"{result.parent.name}/result.txt") == b"result\n"
