@@ -35,7 +35,7 @@ from gpuresa.commands.bench_commands import choose_gpus, choose_workload
 from gpuresa.config.sections import Config
 from gpuresa.errors import UserError
 from gpuresa.model import Reservation, Session
-from gpuresa.planning.planner import Inventory
+from gpuresa.planning.facts import Inventory
 from gpuresa.runtime.oneshot import BENCH_LABEL, oneshot_payload
 from gpuresa.runtime.payload import HOST_LABEL, KEY_LABEL, gpu_access
 
