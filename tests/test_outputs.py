@@ -50,8 +50,8 @@ from gpuresa.outputs.owners import output_owner, uid_overlaps
 from gpuresa.outputs.records import OutputFolder, OutputRecords, notice_due, removal_due
 from gpuresa.outputs.service import OutputService
 from gpuresa.runtime import SessionError
+from gpuresa.runtime.create_payloads import MainContainer, ftp_payload, main_payload
 from gpuresa.runtime.output_area import running_path
-from gpuresa.runtime.payload import MainContainer, ftp_payload, main_payload
 from gpuresa.runtime.port_safety import port_warnings, unprivileged_port_start
 
 NOW = datetime(2025, 3, 10, 12, 0, tzinfo=UTC)

@@ -28,6 +28,7 @@ from gpuresa.config.sections import Config, HostConfig
 from gpuresa.model import Session, SessionSpec
 from gpuresa.outputs.host_ca import HostCA
 from gpuresa.runtime import garbage, stopping
+from gpuresa.runtime.create_payloads import passive_address
 from gpuresa.runtime.engine import Engine, EngineRefused
 from gpuresa.runtime.engines import EngineKind, engine_kind
 from gpuresa.runtime.errors import (
@@ -47,13 +48,7 @@ from gpuresa.runtime.lookup import (
     status,
 )
 from gpuresa.runtime.namespaces import require_user_namespaces
-from gpuresa.runtime.payload import (
-    HOST_LABEL,
-    KEY_LABEL,
-    passive_address,
-    session_name,
-    utc_text,
-)
+from gpuresa.runtime.payload import HOST_LABEL, KEY_LABEL, session_name, utc_text
 from gpuresa.runtime.records import EndRecords
 from gpuresa.runtime.session_files import SessionFacts, SessionFiles, end_text
 from gpuresa.runtime.specs import check_spec, new_spec

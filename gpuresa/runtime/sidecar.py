@@ -15,16 +15,12 @@ from typing import TYPE_CHECKING, Any
 from gpuresa.access import AccessError, ftp_credentials
 from gpuresa.model import IdRange, SessionSpec
 from gpuresa.outputs.credentials import HostCredentials
+from gpuresa.runtime.create_payloads import ftp_payload
 from gpuresa.runtime.engine import dumps
 from gpuresa.runtime.errors import SessionError
 from gpuresa.runtime.lookup import container_name, status
 from gpuresa.runtime.output_area import running_path
-from gpuresa.runtime.payload import (
-    ROLE_LABEL,
-    ftp_name,
-    ftp_payload,
-    session_from_labels,
-)
+from gpuresa.runtime.payload import ROLE_LABEL, ftp_name, session_from_labels
 from gpuresa.runtime.probes import ftp_greeting
 from gpuresa.runtime.session_files import FTP_PASSWORD_FILE
 

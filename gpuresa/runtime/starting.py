@@ -20,6 +20,7 @@ from gpuresa.outputs.capped import cap_output
 from gpuresa.outputs.credentials import HostCredentials
 from gpuresa.outputs.disk import start_refusal
 from gpuresa.outputs.host_ca import HostCA
+from gpuresa.runtime.create_payloads import MainContainer, ftp_payload, main_payload
 from gpuresa.runtime.engine import dumps
 from gpuresa.runtime.errors import EngineTimeout, ImageMissing, PortRefused, SessionError
 from gpuresa.runtime.gpus import host_gpu_access
@@ -33,10 +34,7 @@ from gpuresa.runtime.payload import (
     MAIN_ROLE,
     NETWORK_ROLE,
     ROLE_LABEL,
-    MainContainer,
     ftp_name,
-    ftp_payload,
-    main_payload,
     session_labels,
     session_name,
 )
