@@ -35,9 +35,10 @@ from gpuresa.commands.bench_commands import choose_gpus, choose_workload
 from gpuresa.config.sections import Config
 from gpuresa.errors import UserError
 from gpuresa.model import Reservation, Session
-from gpuresa.planning.planner import Inventory
+from gpuresa.planning.facts import Inventory
+from gpuresa.runtime.create_payloads import gpu_access
 from gpuresa.runtime.oneshot import BENCH_LABEL, oneshot_payload
-from gpuresa.runtime.payload import HOST_LABEL, KEY_LABEL, gpu_access
+from gpuresa.runtime.payload import HOST_LABEL, KEY_LABEL
 
 FIXTURES = Path(__file__).parent / "fixtures" / "bench"
 NOW = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)

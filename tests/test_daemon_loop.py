@@ -23,7 +23,7 @@ from gpuresa.daemon.work import Done, Started
 from gpuresa.journal.guard import open_journal
 from gpuresa.mail.notices import Notifier
 from gpuresa.mail.outbox import Outbox
-from gpuresa.planning.planner import Prepare, Recreate, Start
+from gpuresa.planning.actions import Prepare, Recreate, Start
 
 
 class RecordingWork:

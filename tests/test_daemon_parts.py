@@ -33,7 +33,7 @@ from gpuresa.daemon.state import Context
 from gpuresa.journal.guard import open_journal
 from gpuresa.mail.notices import Notifier
 from gpuresa.mail.outbox import Outbox
-from gpuresa.planning import planner as plan
+from gpuresa.planning import actions as planned
 
 # --- periodic jobs ---------------------------------------------------------------------------
 
@@ -65,11 +65,11 @@ def test_an_abandoned_run_is_no_longer_current_and_the_job_is_due_again() -> Non
 # --- the table of action kinds ------------------------------------------------------------
 
 
-def action_classes() -> list[type[plan.Action]]:
+def action_classes() -> list[type[planned.Action]]:
     return [
         item
-        for _, item in inspect.getmembers(plan, inspect.isclass)
-        if issubclass(item, plan.Action) and item is not plan.Action
+        for _, item in inspect.getmembers(planned, inspect.isclass)
+        if issubclass(item, planned.Action) and item is not planned.Action
     ]
 
 
@@ -77,27 +77,32 @@ def test_every_kind_of_action_the_planner_makes_has_its_row() -> None:
     assert set(action_classes()) == set(KINDS)
 
 
-@pytest.mark.parametrize("kind", [plan.Stop, plan.Start, plan.Recreate, plan.Prepare])
+@pytest.mark.parametrize("kind", [planned.Stop, planned.Start, planned.Recreate, planned.Prepare])
 def test_the_life_cycle_runs_in_its_own_lane_and_backs_off_or_escalates(
-    kind: type[plan.Action],
+    kind: type[planned.Action],
 ) -> None:
     row = KINDS[kind]
     assert row.lane == LIFE_CYCLE
-    assert row.on_failure == ("kill" if kind is plan.Stop else "back-off")
+    assert row.on_failure == ("kill" if kind is planned.Stop else "back-off")
 
 
 def test_notices_run_beside_the_life_cycle_and_are_only_logged_when_they_fail() -> None:
-    for kind in set(action_classes()) - {plan.Stop, plan.Start, plan.Recreate, plan.Prepare}:
+    for kind in set(action_classes()) - {
+        planned.Stop,
+        planned.Start,
+        planned.Recreate,
+        planned.Prepare,
+    }:
         assert KINDS[kind].lane == NOTICE and KINDS[kind].on_failure == "log", kind
 
 
 def test_a_stops_deadline_is_its_grace_and_a_margin() -> None:
-    stop = plan.Stop("a", grace=timedelta(minutes=2))
+    stop = planned.Stop("a", grace=timedelta(minutes=2))
     row = kind_of(stop)
     assert row is not None
     assert row.deadline(stop) == 120 + 60
-    start = kind_of(plan.Start("a"))
-    assert start is not None and start.deadline(plan.Start("a")) == 120
+    start = kind_of(planned.Start("a"))
+    assert start is not None and start.deadline(planned.Start("a")) == 120
 
 
 # --- the loop on a moved clock ------------------------------------------------------------

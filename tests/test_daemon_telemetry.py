@@ -33,7 +33,7 @@ from gpuresa.daemon.observing import held_back, planning_inventory
 from gpuresa.gpus.telemetry import Telemetry
 from gpuresa.gpus.tracker import HostInspector
 from gpuresa.model import SessionSpec
-from gpuresa.planning.planner import Recreate, Start, Stop
+from gpuresa.planning.actions import Recreate, Start, Stop
 from gpuresa.runtime import Runtime
 
 BUSY_PERCENT = 98  # what the recorded busy H100 said (nvml-busy.json)

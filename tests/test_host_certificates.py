@@ -32,7 +32,7 @@ from gpuresa.model import Session
 from gpuresa.outputs.host_ca import CERTIFICATE, HOST_KEY, PUBLIC, HostCA
 from gpuresa.outputs.messages import start_details
 from gpuresa.outputs.service import OutputService
-from gpuresa.runtime.starting import HOST_KEYS_FOLDER
+from gpuresa.runtime.session_files import HOST_KEYS_FOLDER
 
 __all__ = ["built_fixture"]  # a fixture of test_runtime.py, used here too
 

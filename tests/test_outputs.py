@@ -27,6 +27,7 @@ from test_runtime import make_site, run, ssh_login
 from gpuresa.access import Account
 from gpuresa.cli import main
 from gpuresa.commands.daemon_commands import status_report
+from gpuresa.config.schema import Share, Size
 from gpuresa.config.sections import StorageConfig, parse_config
 from gpuresa.daemon import journal_path
 from gpuresa.errors import ConfigError
@@ -50,8 +51,8 @@ from gpuresa.outputs.owners import output_owner, uid_overlaps
 from gpuresa.outputs.records import OutputFolder, OutputRecords, notice_due, removal_due
 from gpuresa.outputs.service import OutputService
 from gpuresa.runtime import SessionError
+from gpuresa.runtime.create_payloads import MainContainer, ftp_payload, main_payload
 from gpuresa.runtime.output_area import running_path
-from gpuresa.runtime.payload import MainContainer, ftp_payload, main_payload
 from gpuresa.runtime.port_safety import port_warnings, unprivileged_port_start
 
 NOW = datetime(2025, 3, 10, 12, 0, tzinfo=UTC)
@@ -287,7 +288,11 @@ def test_disk_levels(free: int, total: int, warn: str, refuse: str, level: str) 
 
 
 def test_threshold_spellings() -> None:
-    assert free_bytes("2.5%", 1000) == 25
+    read = storage(free_warn="2.5%", free_refuse="3G")
+    assert read.free_warn == Share(0.025) and read.free_refuse == Size(3 * 1024**3)
+    assert free_bytes(read.free_warn, 1000) == 25
+    assert free_bytes(read.free_refuse, 0) == 3 * 1024**3
+    # a size still written as text (session_quota) is read as the config reads sizes
     assert free_bytes("3G", 0) == 3 * 1024**3
     with pytest.raises(ValueError):
         free_bytes("3 gigs", 0)
@@ -338,8 +343,8 @@ def test_a_full_output_disk_refuses_new_sessions_and_spares_running_ones(
         storage=dataclasses.replace(
             site.config.storage,
             output_root=small_disk / "output",
-            free_warn="50%",
-            free_refuse="25%",
+            free_warn=Share(0.50),
+            free_refuse=Share(0.25),
             # no cap: the session itself fills the disk here (caps: test_output_cap.py)
             session_quota="none",
         ),
@@ -550,8 +555,8 @@ def test_a_round_tells_once_removes_after_the_notice_and_reports_the_disk(
             sftp_port=0,  # the service itself is tested in test_outputs_service.py
             output_retention=timedelta(seconds=30),
             output_removal_notice=timedelta(seconds=10),
-            free_warn="100%",  # every disk is "low": the warning path runs
-            free_refuse="0%",
+            free_warn=Share(1.0),  # every disk is "low": the warning path runs
+            free_refuse=Share(0.0),
         ),
     )
     service = OutputService(config, site.runtime())

@@ -12,21 +12,19 @@ from hypothesis import strategies as st
 
 from gpuresa.config.sections import Config, parse_config
 from gpuresa.model import Reservation, Session, SessionSpec
-from gpuresa.planning.planner import (
+from gpuresa.planning.actions import (
     Action,
     Extend,
     Fail,
-    Inventory,
-    Memory,
     NotifyCancel,
     Prepare,
     Recreate,
     Start,
     Stop,
     Warn,
-    plan,
-    wakeups,
 )
+from gpuresa.planning.facts import Inventory, Memory
+from gpuresa.planning.planner import plan, wakeups
 
 T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 MINUTE = timedelta(minutes=1)

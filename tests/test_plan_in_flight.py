@@ -7,7 +7,9 @@ from datetime import timedelta
 
 from test_plan import CONFIG, INVENTORY, MINUTE, T0, booking, kinds, running
 
-from gpuresa.planning.planner import Memory, NotifyChange, Start, Stop, plan
+from gpuresa.planning.actions import NotifyChange, Start, Stop
+from gpuresa.planning.facts import Memory
+from gpuresa.planning.planner import plan
 
 
 def test_a_key_with_an_action_under_way_gets_no_other_action() -> None:

@@ -12,7 +12,9 @@ from test_reservations import VARIANTS, WINDOW, event, make_config, seen
 
 from gpuresa.config.sections import Config, parse_config
 from gpuresa.model import Reservation, Session
-from gpuresa.planning.planner import Inventory, Memory, Prepare, Recreate, Start, plan
+from gpuresa.planning.actions import Prepare, Recreate, Start
+from gpuresa.planning.facts import Inventory, Memory
+from gpuresa.planning.planner import plan
 from gpuresa.reservations.claims import moved_key
 from gpuresa.reservations.conflicts import resolve_conflicts
 from gpuresa.reservations.rules import read_calendar, read_reservations

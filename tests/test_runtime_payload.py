@@ -19,17 +19,19 @@ from support.configs import config_of
 from gpuresa.config.sections import Config, HostConfig
 from gpuresa.model import IdRange, SessionSpec
 from gpuresa.runtime import SessionError
-from gpuresa.runtime.engines import Docker, Podman
-from gpuresa.runtime.payload import (
+from gpuresa.runtime.create_payloads import (
     FTP_CAPABILITIES,
     MAIN_CAPABILITIES,
     GpuAccess,
     MainContainer,
-    ftp_name,
     ftp_payload,
     gpu_access,
     main_payload,
     passive_address,
+)
+from gpuresa.runtime.engines import Docker, Podman
+from gpuresa.runtime.payload import (
+    ftp_name,
     safe_key,
     session_from_labels,
     session_labels,

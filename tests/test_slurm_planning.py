@@ -15,7 +15,9 @@ from test_reservations import VARIANTS, WINDOW, event, make_config
 
 from gpuresa.config.sections import Config
 from gpuresa.model import ReservationSet, Session, SessionSpec
-from gpuresa.planning.planner import Fail, Inventory, Prepare, Start, plan
+from gpuresa.planning.actions import Fail, Prepare, Start
+from gpuresa.planning.facts import Inventory
+from gpuresa.planning.planner import plan
 from gpuresa.reservations.conflicts import host_gpu_count, resolve_conflicts
 from gpuresa.reservations.rules import read_calendar
 

@@ -12,7 +12,9 @@ from datetime import datetime
 
 from gpuresa.config.sections import Config
 from gpuresa.model import Reservation, Session
-from gpuresa.planning.planner import Inventory, Prepare, Recreate, Start, plan
+from gpuresa.planning.actions import Prepare, Recreate, Start
+from gpuresa.planning.facts import Inventory
+from gpuresa.planning.planner import plan
 
 
 def gpu_holders(

@@ -38,7 +38,7 @@ from gpuresa.config.schema import Invalid, parse_duration
 from gpuresa.config.sections import Config, load_config
 from gpuresa.errors import UserError
 from gpuresa.model import Reservation, bench_key
-from gpuresa.planning.planner import Inventory
+from gpuresa.planning.facts import Inventory
 from gpuresa.runtime import Runtime
 from gpuresa.runtime.oneshot import OneShot
 from gpuresa.runtime.templates import resolve_template

@@ -308,7 +308,8 @@ def plan_command(arguments: argparse.Namespace) -> int:
     from gpuresa.backends.factory import open_backend
     from gpuresa.daemon import journal_path
     from gpuresa.journal.store import Journal
-    from gpuresa.planning.planner import Inventory, Memory, plan
+    from gpuresa.planning.facts import Inventory, Memory
+    from gpuresa.planning.planner import plan
     from gpuresa.reservations.calendars import Calendars
 
     config = load_config(arguments.config)

@@ -232,6 +232,9 @@ class InputMount:
     target: Path
 
 
+_FREE_SPACE = 'a size such as "20g" or a share such as "5%"'
+
+
 @dataclass(frozen=True)
 class StorageConfig:
     """[storage]: input folders, where each session's output is kept, and for how long."""
@@ -254,19 +257,14 @@ class StorageConfig:
     ftp_plain: bool = False
     ftp_tls_cert: Path | None = None
     ftp_tls_key: Path | None = None
-    free_warn: str = Field("10%", check=lambda value: _free_space(value))
-    free_refuse: str = Field("3%", check=lambda value: _free_space(value))
+    # thresholds of free space on the output disk, read once here (see outputs.disk)
+    free_warn: Size | Share = Field(Share(0.10), expected=_FREE_SPACE)
+    free_refuse: Size | Share = Field(Share(0.03), expected=_FREE_SPACE)
     session_quota: str | None = Field("auto", check=lambda value: _quota(value))
 
 
 def _port_or_off(value: int) -> str | None:
     return None if 0 <= value <= 65535 else f"expected a port (1-65535) or 0 for off, got {value}"
-
-
-def _free_space(value: str) -> str | None:
-    return matches(r"\d+(\.\d+)?%|\d+[bkmgt]?", 'a size such as "20g" or a share such as "5%"')(
-        value.strip().lower()
-    )
 
 
 def _fraction_below_one(value: Size | Share) -> str | None:
@@ -516,8 +514,6 @@ def _grr_checks(index: int, calendar: CalendarConfig, host_names: list[str]) -> 
 
 def _storage_checks(config: Config) -> list[str]:
     """[storage] problems that involve more than one key (see gpuresa/outputs/)."""
-    from gpuresa.outputs.disk import free_bytes
-
     storage = config.storage
     problems = []
     if storage.sftp_port and not storage.output_pattern.startswith("{user}/"):
@@ -534,12 +530,13 @@ def _storage_checks(config: Config) -> list[str]:
     if (storage.ftp_tls_cert is None) != (storage.ftp_tls_key is None):
         problems.append("storage.ftp_tls_cert and storage.ftp_tls_key: set both or neither")
     # a share and a size compare only on a given disk: checked when both are of a kind
-    same_kind = storage.free_refuse.endswith("%") == storage.free_warn.endswith("%")
-    total = 1 << 50
-    if same_kind and free_bytes(storage.free_refuse, total) > free_bytes(storage.free_warn, total):
+    refuse, warn = storage.free_refuse, storage.free_warn
+    shares = isinstance(refuse, Share) and isinstance(warn, Share) and refuse > warn
+    sizes = isinstance(refuse, Size) and isinstance(warn, Size) and refuse > warn
+    if shares or sizes:
         problems.append(
-            f"storage.free_refuse: {storage.free_refuse!r} is more than storage.free_warn "
-            f"({storage.free_warn!r}); sessions would be refused before anyone is warned"
+            f"storage.free_refuse: '{refuse}' is more than storage.free_warn "
+            f"('{warn}'); sessions would be refused before anyone is warned"
         )
     return problems
 

@@ -16,7 +16,7 @@ from gpuresa.daemon.memory import Remembered
 from gpuresa.daemon.state import Context
 from gpuresa.daemon.work import Work
 from gpuresa.model import Session
-from gpuresa.planning.planner import (
+from gpuresa.planning.actions import (
     Action,
     Extend,
     Fail,

@@ -18,7 +18,8 @@ from gpuresa.config.sections import Config
 from gpuresa.daemon.executor import InFlight
 from gpuresa.journal.store import Journal
 from gpuresa.model import Reservation, Session, SessionSpec
-from gpuresa.planning.planner import Memory, Stop
+from gpuresa.planning.actions import Stop
+from gpuresa.planning.facts import Memory
 
 # A failed start or stop is retried after these delays (then every last one).
 RETRY_DELAYS = (timedelta(seconds=15), timedelta(seconds=60), timedelta(minutes=5))

@@ -27,7 +27,8 @@ from gpuresa.gpus.findings import (
     UnbookedProcess,
 )
 from gpuresa.model import Rejection, Session
-from gpuresa.planning.planner import Action, Inventory, Prepare, Recreate, Start
+from gpuresa.planning.actions import Action, Prepare, Recreate, Start
+from gpuresa.planning.facts import Inventory
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,8 @@ from gpuresa.daemon.survey import Survey
 from gpuresa.daemon.tools import Tools
 from gpuresa.daemon.work import UNWINDING, Done, Started
 from gpuresa.model import Session
-from gpuresa.planning.planner import Action, Stop, plan, wakeups
+from gpuresa.planning.actions import Action, Stop
+from gpuresa.planning.planner import plan, wakeups
 from gpuresa.runtime.errors import ImageMissing, PortRefused, RuntimeUnavailable
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from gpuresa.daemon.records import session_from_record, session_record
 from gpuresa.journal.store import Journal
 from gpuresa.mail.notices import wall_text
 from gpuresa.model import Session, SessionSpec
-from gpuresa.planning.planner import (
+from gpuresa.planning.actions import (
     Extend,
     Fail,
     NotifyCancel,

@@ -20,34 +20,35 @@ import ctypes.util
 import fcntl
 import logging
 import os
-import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from gpuresa.config.schema import Invalid, Share, Size, parse_size
 from gpuresa.config.sections import Config, StorageConfig
 
 log = logging.getLogger(__name__)
 
 Level = Literal["ok", "warn", "refuse"]
 
-_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
+def free_bytes(threshold: Size | Share | str, total: int) -> int:
+    """The bytes `threshold` stands for on a disk of `total` bytes.
 
-def free_bytes(text: str, total: int) -> int:
-    """The bytes a threshold such as "5%" or "20g" stands for on a disk of `total` bytes.
-
-    Raises `ValueError` for anything else (the config's check refuses it first).
+    A `Size` is its bytes, a `Share` its part of `total`: the config reads
+    `free_warn` and `free_refuse` into these. A size still written as text
+    ("20g", as `session_quota` is) is read as the config reads sizes; raises
+    `ValueError` for anything else.
     """
-    value = text.strip().lower()
-    share = re.fullmatch(r"(\d+(?:\.\d+)?)%", value)
-    if share:
-        return int(total * float(share.group(1)) / 100)
-    size = re.fullmatch(r"(\d+)([bkmgt]?)", value)
-    if not size:
-        raise ValueError(f"not a size or a share: {text!r}")
-    return int(size.group(1)) * _UNITS[size.group(2)]
+    if isinstance(threshold, Share):
+        return int(threshold.of(total))
+    if isinstance(threshold, Size):
+        return threshold.bytes
+    try:
+        return parse_size(threshold).bytes
+    except Invalid as error:
+        raise ValueError(str(error)) from None
 
 
 def disk_level(free: int, total: int, storage: StorageConfig) -> Level:
@@ -72,7 +73,7 @@ class DiskState:
     total: int
     level: Level
     shares_state_disk: bool
-    threshold: str
+    threshold: Size | Share
 
     @property
     def summary(self) -> str:

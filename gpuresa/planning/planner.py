@@ -7,12 +7,23 @@ answer from the same facts. `gpuresa.daemon` carries the actions out.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 
-from gpuresa.config.sections import Config, HostConfig
+from gpuresa.config.sections import Config
 from gpuresa.model import Reservation, Session, SessionSpec, is_ad_hoc
+from gpuresa.planning.actions import (
+    Action,
+    Extend,
+    Fail,
+    NotifyCancel,
+    NotifyChange,
+    Prepare,
+    Recreate,
+    Start,
+    Stop,
+    Warn,
+)
 from gpuresa.planning.allocation import (
     AllocationError,
     Holding,
@@ -20,167 +31,7 @@ from gpuresa.planning.allocation import (
     allocate_gpus,
     allocate_ports,
 )
-
-
-@dataclass(frozen=True)
-class Inventory:
-    """The host this daemon manages and the GPU indices it can hand out."""
-
-    host: HostConfig
-    gpus: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class Memory:
-    """What earlier rounds decided and the planner must not forget (kept in the journal).
-
-    missing_since: when a session's reservation was first found missing
-        (cancelled, deleted, or never known), which starts its grace period;
-    known: keys of every reservation ever seen, to tell a cancelled booking
-        (warn the user) from an orphan (nobody to warn);
-    warnings_sent: (key, seconds before the end) pairs already sent;
-    cancel_notified: keys whose user was already told of the cancellation;
-    retry_after: keys whose start failed or could not be served, not to be
-        tried again before that time;
-    in_flight: keys with an action under way, and the spec a start or prepare
-        under way holds (None for other actions): the planner decides nothing
-        for them, and what they are taking stays taken;
-    stopping: keys (among in_flight) whose stop is under way: their GPUs go to
-        the sessions that follow (which start once the stop is done), their
-        ports stay taken until the containers are gone;
-    refused_ports: ports the engine refused lately (another program listens
-        there), skipped when ports are chosen;
-    changes_notified: (key, change) pairs whose user was already told that a
-        running session keeps what it started with.
-    """
-
-    missing_since: Mapping[str, datetime] = field(default_factory=dict)
-    known: frozenset[str] = frozenset()
-    warnings_sent: frozenset[tuple[str, int]] = frozenset()
-    cancel_notified: frozenset[str] = frozenset()
-    retry_after: Mapping[str, datetime] = field(default_factory=dict)
-    in_flight: Mapping[str, SessionSpec | None] = field(default_factory=dict)
-    stopping: frozenset[str] = frozenset()
-    refused_ports: frozenset[int] = frozenset()
-    changes_notified: frozenset[tuple[str, str]] = frozenset()
-
-
-@dataclass(frozen=True)
-class Action:
-    """One step for the daemon to carry out; `key` is the reservation's occurrence key."""
-
-    key: str
-
-    # lower runs first: stops free GPUs and ports before starts take them
-    order = 50
-
-    def describe(self) -> str:
-        return f"{type(self).__name__.lower()} {self.key}"
-
-
-@dataclass(frozen=True)
-class Stop(Action):
-    """Stop and remove the session; the output folder is kept."""
-
-    reason: str = "ended"
-    grace: timedelta = timedelta(seconds=30)
-    order = 10
-
-    def describe(self) -> str:
-        return f"stop {self.key} ({self.reason})"
-
-
-@dataclass(frozen=True)
-class Fail(Action):
-    """The reservation cannot be served (no free GPUs or ports); report it once."""
-
-    reason: str = ""
-    user: str = ""
-    email: str | None = None
-    order = 20
-
-    def describe(self) -> str:
-        return f"fail {self.key}: {self.reason}"
-
-
-@dataclass(frozen=True)
-class Recreate(Action):
-    """The session's containers exited before its end: remove and start them again."""
-
-    spec: SessionSpec | None = None
-    order = 30
-
-
-@dataclass(frozen=True)
-class Start(Action):
-    """Start the session (preparing it first when that was not done)."""
-
-    spec: SessionSpec | None = None
-    order = 40
-
-    def describe(self) -> str:
-        assert self.spec is not None
-        return (
-            f"start {self.key} for {self.spec.user} (GPUs {list(self.spec.gpus)}, "
-            f"ssh {self.spec.ssh_port}, ftp {self.spec.ftp_port})"
-        )
-
-
-@dataclass(frozen=True)
-class Prepare(Action):
-    """Make the session ready to start: image, output folder, containers created."""
-
-    spec: SessionSpec | None = None
-    order = 45
-
-
-@dataclass(frozen=True)
-class Extend(Action):
-    """The reservation's end changed while its session exists."""
-
-    end: datetime = datetime.min
-    order = 60
-
-    def describe(self) -> str:
-        return f"extend {self.key} to {self.end.isoformat()}"
-
-
-@dataclass(frozen=True)
-class Warn(Action):
-    """Tell the user the session ends soon; `before` is the warning threshold."""
-
-    before: timedelta = timedelta(0)
-    end: datetime = datetime.min
-    order = 70
-
-    def describe(self) -> str:
-        return f"warn {self.key} ({int(self.before.total_seconds() // 60)} min before the end)"
-
-
-@dataclass(frozen=True)
-class NotifyCancel(Action):
-    """Tell the user their booking is gone and when the session will stop."""
-
-    stop_at: datetime = datetime.min
-    order = 80
-
-
-@dataclass(frozen=True)
-class NotifyChange(Action):
-    """Tell the user a change to their running booking is not applied to the session.
-
-    `change` names what changed ("template pytorch → tensorflow", "GPUs 1 → 2"):
-    a running session keeps the template and GPUs it started with, since
-    changing them means new containers and the user's processes would be lost.
-    """
-
-    change: str = ""
-    user: str = ""
-    email: str | None = None
-    order = 85
-
-    def describe(self) -> str:
-        return f"tell {self.key}'s user the change is not applied: {self.change}"
+from gpuresa.planning.facts import Inventory, Memory
 
 
 def plan(

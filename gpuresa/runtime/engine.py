@@ -2,46 +2,33 @@
 
 Each call is logged (with the session key when there is one, never with
 secrets: payloads are not logged), bounded in time, and Docker's errors are
-mapped once:
-
-- the engine cannot be reached (no socket, connection refused) → `RuntimeUnavailable`;
-- the engine took the request but did not answer within the call's timeout
-  (`timeout`, 30 s by default; builds get `build_timeout`) → `EngineTimeout`,
-  a `SessionError`: that one action failed;
-- a port Docker cannot publish because something holds it → `PortRefused`;
-- removing what is already gone (404) or already being removed (409) → success;
-- anything else the engine refuses → `EngineRefused` (a `SessionError`) with its reason.
+mapped once (`engine_errors.mapped_errors` says to what).
 
 Runtime methods run on several threads at once: each thread gets a client
-of its own (the SDK's HTTP session is not safe to share), made with the API
-version the first one learnt, so only the first asks the engine for it.
+of its own (see `engine_clients`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import io
 import logging
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import docker
 import docker.errors
-import requests.exceptions
-import urllib3.exceptions
 
+from gpuresa.runtime.engine_clients import ThreadClients
 from gpuresa.runtime.engine_errors import (
     EngineRefused,
     NotFound,
     dumps,
     explanation,
-    refused_ports,
+    mapped_errors,
     removal_in_progress,
-    timed_out,
 )
-from gpuresa.runtime.errors import EngineTimeout, PortRefused, RuntimeUnavailable
+from gpuresa.runtime.errors import EngineTimeout, PortRefused
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +41,6 @@ T = TypeVar("T")
 DEFAULT_TIMEOUT = 30.0
 # Builds stream their log for as long as the template's steps run.
 BUILD_TIMEOUT = 3600.0
-# Connections kept to the engine: more than the threads that call it at once.
-POOL_SIZE = 32
 
 __all__ = ["Engine", "EngineRefused", "EngineTimeout", "NotFound", "PortRefused", "dumps"]
 
@@ -76,99 +61,30 @@ class Engine:
         base_url: str | None = None,
         build_timeout: float = BUILD_TIMEOUT,
     ) -> None:
-        # a client given by the caller is shared; made ones are one per thread:
-        # docker-py's HTTP session is not safe to share between threads (seen
-        # here: "Bad file descriptor" when eight sessions were prepared at once)
-        self._client = client
-        self._local = threading.local()
-        self._version: str | None = None
+        self._clients = ThreadClients(client, timeout, base_url)
         self.timeout = timeout
         self.build_timeout = build_timeout
         self.base_url = base_url
-        self._connecting = threading.Lock()
 
     # --- plumbing ---------------------------------------------------------------------
 
     @property
     def client(self) -> Any:
-        """The `docker.DockerClient`, made on first use (from `base_url`, else the environment).
+        """The `docker.DockerClient` of the calling thread (see `engine_clients.ThreadClients`).
 
         Raises `RuntimeUnavailable` when the engine cannot be reached, and
         `EngineTimeout` when it takes the connection but does not answer.
         """
-        if self._client is not None:
-            return self._client
-        client = getattr(self._local, "client", None)
-        if client is None:
-            with self._connecting:
-                client = self._connect()
-                # the API version, asked once: later threads' clients need not ask again
-                self._version = self._version or str(client.api.api_version)
-            self._local.client = client
-        return client
-
-    def _connect(self) -> Any:
-        try:
-            version = self._version or "auto"
-            if self.base_url is not None:
-                return docker.DockerClient(
-                    base_url=self.base_url,
-                    timeout=self.timeout,
-                    max_pool_size=POOL_SIZE,
-                    version=version,
-                )
-            return docker.from_env(timeout=self.timeout, max_pool_size=POOL_SIZE, version=version)
-        except docker.errors.DockerException as error:
-            if timed_out(error):
-                raise EngineTimeout(
-                    f"the Docker engine did not answer within {self.timeout:g} s: {error}"
-                ) from None
-            raise RuntimeUnavailable(f"the Docker engine does not answer: {error}") from None
+        return self._clients.get()
 
     @property
     def api(self) -> Any:
         return self.client.api
 
-    @contextlib.contextmanager
-    def _mapped(self, what: str, key: str | None = None) -> Iterator[None]:
-        """Run one engine call, logging it and mapping Docker's errors (see the module)."""
-        started = time.monotonic()
-        log.debug("%sdocker: %s", f"{key}: " if key else "", what)
-        try:
-            yield
-        except docker.errors.NotFound as error:
-            raise NotFound(f"Docker: cannot {what}: {explanation(error)}", 404) from None
-        except docker.errors.APIError as error:
-            reason = explanation(error)
-            ports = refused_ports(reason)
-            if ports is not None:
-                raise PortRefused(f"Docker refused to {what}: {reason}", ports) from None
-            raise EngineRefused(f"Docker refused to {what}: {reason}", error.status_code) from None
-        except (
-            requests.exceptions.ConnectionError,
-            requests.exceptions.Timeout,
-            urllib3.exceptions.HTTPError,
-            TimeoutError,
-        ) as error:
-            if timed_out(error):
-                raise EngineTimeout(
-                    f"the Docker engine did not answer in time ({what}): {error}"
-                ) from None
-            raise RuntimeUnavailable(
-                f"the Docker engine cannot be reached ({what}): {error}"
-            ) from None
-        except docker.errors.DockerException as error:
-            # the SDK refused the request itself (a bad argument): not the engine's absence
-            raise EngineRefused(f"Docker: cannot {what}: {error}") from None
-        finally:
-            elapsed = time.monotonic() - started
-            if elapsed > 5:
-                log.info("%sdocker: %s took %.1f s", f"{key}: " if key else "", what, elapsed)
-
     def _call(
         self, what: str, key: str | None, function: Callable[..., T], *args: Any, **kwargs: Any
     ) -> T:
-        with self._mapped(what, key):
+        with mapped_errors(what, key):
             return function(*args, **kwargs)
 
     # --- engine --------------------------------------------------------------------------
@@ -214,7 +130,7 @@ class Engine:
 
     def save_image(self, reference: str, target: str) -> None:
         """Write image `reference` as a `docker save` archive to the file `target` (slow)."""
-        with self._mapped(f"save image {reference}"), open(target, "wb") as archive:
+        with mapped_errors(f"save image {reference}"), open(target, "wb") as archive:
             for chunk in self.api.get_image(reference):
                 archive.write(chunk)
 
@@ -267,7 +183,7 @@ class Engine:
         what = f"build {tag or 'an image'}"
         lines: list[str] = []
         image: str | None = None
-        with self._mapped(what):
+        with mapped_errors(what):
             stream = self.api.build(
                 timeout=int(self.build_timeout),
                 fileobj=io.BytesIO(context),
@@ -379,7 +295,7 @@ class Engine:
         return result
 
     def create_container(self, name: str, payload: Mapping[str, Any], key: str) -> str:
-        """Create a container from a raw API payload (see `payload.py`); returns its id."""
+        """Create a container from a raw API payload (see `create_payloads`); returns its id."""
         result = self._call(
             f"create container {name}",
             key,
@@ -406,7 +322,7 @@ class Engine:
     def remove_container(self, container: str, key: str | None = None) -> None:
         """Remove a container (killing it if it runs); gone or being removed counts as done."""
         try:
-            with self._mapped(f"remove container {container}", key):
+            with mapped_errors(f"remove container {container}", key):
                 for attempt in range(REMOVAL_ATTEMPTS):
                     try:
                         self.api.remove_container(container, force=True)
@@ -430,7 +346,7 @@ class Engine:
     def kill_container(self, container: str, key: str | None = None) -> None:
         """SIGKILL a container's init (and so every process of it); gone or stopped is done."""
         try:
-            with self._mapped(f"kill container {container}", key):
+            with mapped_errors(f"kill container {container}", key):
                 try:
                     self.api.kill(container, signal="SIGKILL")
                 except docker.errors.APIError as error:
@@ -447,7 +363,7 @@ class Engine:
         is the user's, and may never end.
         """
         what = f"start {command[0]} in {container}"
-        with self._mapped(what, key):
+        with mapped_errors(what, key):
             created = self.api.exec_create(container, list(command), stdout=False, stderr=False)
             self.api.exec_start(created["Id"], detach=True)
 

@@ -1,19 +1,34 @@
 """How the Docker engine's answers are read: refusals, ports taken, time-outs; secrets masked.
 
-Used by `engine.Engine`, the one gateway, to map each failure once (see there).
+Used by `engine.Engine`, the one gateway, to map each failure once
+(`mapped_errors`), each call logged and bounded in time:
+
+- the engine cannot be reached (no socket, connection refused) → `RuntimeUnavailable`;
+- the engine took the request but did not answer within the call's timeout
+  (`timeout`, 30 s by default; builds get `build_timeout`) → `EngineTimeout`,
+  a `SessionError`: that one action failed;
+- a port Docker cannot publish because something holds it → `PortRefused`;
+- removing what is already gone (404) or already being removed (409) → success;
+- anything else the engine refuses → `EngineRefused` (a `SessionError`) with its reason.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import re
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import docker.errors
 import requests.exceptions
 import urllib3.exceptions
 
-from gpuresa.runtime.errors import SessionError
+from gpuresa.runtime.errors import EngineTimeout, PortRefused, RuntimeUnavailable, SessionError
+
+log = logging.getLogger(__name__)
 
 
 class EngineRefused(SessionError):
@@ -92,3 +107,38 @@ def dumps(value: Any) -> str:
         return item
 
     return json.dumps(mask(value), sort_keys=True)
+
+
+@contextlib.contextmanager
+def mapped_errors(what: str, key: str | None = None) -> Iterator[None]:
+    """Run one engine call, logging it and mapping Docker's errors (see the module)."""
+    started = time.monotonic()
+    log.debug("%sdocker: %s", f"{key}: " if key else "", what)
+    try:
+        yield
+    except docker.errors.NotFound as error:
+        raise NotFound(f"Docker: cannot {what}: {explanation(error)}", 404) from None
+    except docker.errors.APIError as error:
+        reason = explanation(error)
+        ports = refused_ports(reason)
+        if ports is not None:
+            raise PortRefused(f"Docker refused to {what}: {reason}", ports) from None
+        raise EngineRefused(f"Docker refused to {what}: {reason}", error.status_code) from None
+    except (
+        requests.exceptions.ConnectionError,
+        requests.exceptions.Timeout,
+        urllib3.exceptions.HTTPError,
+        TimeoutError,
+    ) as error:
+        if timed_out(error):
+            raise EngineTimeout(
+                f"the Docker engine did not answer in time ({what}): {error}"
+            ) from None
+        raise RuntimeUnavailable(f"the Docker engine cannot be reached ({what}): {error}") from None
+    except docker.errors.DockerException as error:
+        # the SDK refused the request itself (a bad argument): not the engine's absence
+        raise EngineRefused(f"Docker: cannot {what}: {error}") from None
+    finally:
+        elapsed = time.monotonic() - started
+        if elapsed > 5:
+            log.info("%sdocker: %s took %.1f s", f"{key}: " if key else "", what, elapsed)

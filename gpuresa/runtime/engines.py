@@ -205,7 +205,7 @@ class Podman(EngineKind):
             "UsernsMode": f"auto:size={SESSION_ID_COUNT}",
             "Ulimits": _ulimits(limits),
             # what Docker sets in every container with a network of its own: sshd
-            # binds port 22 without NET_BIND_SERVICE (see payload.MAIN_CAPABILITIES)
+            # binds port 22 without NET_BIND_SERVICE (see create_payloads.MAIN_CAPABILITIES)
             "Sysctls": {"net.ipv4.ip_unprivileged_port_start": "0"},
         }
 

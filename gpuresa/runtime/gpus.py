@@ -11,8 +11,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from gpuresa.config.sections import HostConfig
+from gpuresa.runtime.create_payloads import GpuAccess, gpu_access
 from gpuresa.runtime.errors import SessionError
-from gpuresa.runtime.payload import GpuAccess, gpu_access
 
 log = logging.getLogger(__name__)
 

@@ -49,12 +49,11 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal
 
+from gpuresa.config.schema import Size
+from gpuresa.runtime.engine import Engine
 from gpuresa.runtime.errors import SessionError
-
-if TYPE_CHECKING:
-    from gpuresa.runtime.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -78,23 +77,29 @@ class LayerPlan:
     settings: Mapping[str, Any] = field(default_factory=dict)
     size: int | None = None
 
-    def cap(self, runtime: Runtime, container: str, key: str) -> None:
-        """Mount the layer's own filesystem on created `container`, when this plan needs one."""
+    def cap(self, engine: Engine, state_dir: Path, container: str, key: str) -> None:
+        """Mount the layer's own filesystem on created `container`, when this plan needs one.
+
+        Given the engine and the daemon's state folder (where the backing file
+        is made). Raises `SessionError` as `cap_layer` does.
+        """
         if self.size is None:
             return
-        inspected = runtime.engine.inspect(container, key)
+        inspected = engine.inspect(container, key)
         if inspected is None:
             raise SessionError(f"session {key}: its main container is gone before its start")
-        scratch = runtime.config.daemon.state_dir / LAYERS_FOLDER
+        scratch = state_dir / LAYERS_FOLDER
         cap_layer(layer_folder(inspected), self.size, scratch, key)
 
 
-def layer_plan(runtime: Runtime) -> LayerPlan:
-    """The cap of `[limits] layer_size` on this runtime's engine (nothing for "off")."""
-    size = runtime.config.limits.layer_size
+def layer_plan(size: Size | Literal["off"], info: Mapping[str, Any]) -> LayerPlan:
+    """The cap of `[limits] layer_size` (`size`) on the engine whose `info` is given.
+
+    Nothing for "off"; the engine's own size option where `info` shows it can.
+    """
     if size == "off":
         return LayerPlan()
-    if storage_option_supported(runtime.engine_info()):
+    if storage_option_supported(info):
         return LayerPlan(settings={"StorageOpt": {"size": str(size.bytes)}})
     return LayerPlan(size=size.bytes)
 

@@ -23,10 +23,10 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from gpuresa.config.sections import Config
+from gpuresa.runtime.create_payloads import GpuAccess, resource_limits
 from gpuresa.runtime.engine import Engine
 from gpuresa.runtime.errors import SessionError
 from gpuresa.runtime.gpus import host_gpu_access
-from gpuresa.runtime.payload import GpuAccess, resource_limits
 
 log = logging.getLogger(__name__)
 

@@ -19,45 +19,28 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import socket
 from collections.abc import Collection, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gpuresa.config.sections import Config, HostConfig
 from gpuresa.model import Session, SessionSpec
-from gpuresa.outputs.host_ca import HostCA
 from gpuresa.runtime import garbage, stopping
-from gpuresa.runtime.engine import Engine, EngineRefused
-from gpuresa.runtime.engines import EngineKind, engine_kind
-from gpuresa.runtime.errors import (
-    RuntimeUnavailable,
-    SessionError,
-)
-from gpuresa.runtime.gpus import HostGpus
-from gpuresa.runtime.images import Images
-from gpuresa.runtime.limits import HostTotals, totals_from_info
+from gpuresa.runtime.engines import EngineKind
+from gpuresa.runtime.errors import SessionError
+from gpuresa.runtime.host_sessions import HostSessions
 from gpuresa.runtime.lookup import (
     Found,
     by_key,
-    by_role,
     container_name,
     container_roles,
-    session_from,
     status,
 )
 from gpuresa.runtime.namespaces import require_user_namespaces
-from gpuresa.runtime.payload import (
-    HOST_LABEL,
-    KEY_LABEL,
-    passive_address,
-    session_name,
-    utc_text,
-)
-from gpuresa.runtime.records import EndRecords
-from gpuresa.runtime.session_files import SessionFacts, SessionFiles, end_text
-from gpuresa.runtime.specs import check_spec, new_spec
-from gpuresa.runtime.starting import HOST_KEYS_FOLDER, start_session
+from gpuresa.runtime.payload import HOST_LABEL, utc_text
+from gpuresa.runtime.session_files import SessionFacts, end_text
+from gpuresa.runtime.specs import new_spec
+from gpuresa.runtime.starting import start_session
 
 if TYPE_CHECKING:
     from docker import DockerClient
@@ -83,50 +66,31 @@ class Runtime:
 
     def __init__(self, config: Config, client: DockerClient | None = None) -> None:
         self.config = config
-        host = next((host for host in config.hosts if host.name == config.daemon.host), None)
-        self.kind: EngineKind = engine_kind(host.engine if host else "docker")
-        socket = (host.engine_socket if host else None) or self.kind.default_socket
-        self.engine = Engine(client, base_url=None if client else socket)
-        self.images = Images(config.templates, self.engine, config.daemon.host)
-        self.ends = EndRecords(config.daemon.state_dir / "sessions")
-        self.files = SessionFiles(config.daemon.state_dir / "sessions")
-        self._gpus = HostGpus()
-        self._info: dict[str, Any] | None = None
+        # the parts that the making of sessions (`starting`, `sidecar`) is given
+        self.sessions = HostSessions(config, client)
+        self.kind: EngineKind = self.sessions.kind
+        self.engine = self.sessions.engine
+        self.images = self.sessions.images
+        self.ends = self.sessions.ends
+        self.files = self.sessions.files
 
     # --- what the host has -----------------------------------------------------------------
 
     @property
     def host(self) -> HostConfig:
         """This daemon's [[hosts]] entry."""
-        return self.config.host()
+        return self.sessions.host
 
     def host_gpus(self) -> tuple[int, ...]:
         """The GPU indices this host hands out (see `gpus.HostGpus.indices`)."""
-        return self._gpus.indices(self.host)
-
-    def host_totals(self) -> HostTotals:
-        """The CPUs and memory of the engine's host (asked once) and the GPUs it hands out."""
-        return totals_from_info(self.engine_info(), len(self.host_gpus()))
-
-    def engine_info(self) -> dict[str, Any]:
-        """The engine's `info`, asked once per `Runtime` (CPUs, memory, storage driver)."""
-        if self._info is None:
-            self._info = self.engine.info()
-        return self._info
-
-    def check_engine(self) -> None:
-        """Refuse, with a `SessionError`, an engine where sessions get no user namespace.
-
-        Docker must run with userns-remap (see `require_user_namespaces`);
-        Podman must be the rootful service with a `containers` id range (see
-        `engines`). Asked of the engine each time: one restarted without them
-        is refused at once.
-        """
-        self.kind.check(self.engine)
+        return self.sessions.host_gpus()
 
     def check(self) -> None:
-        """The session protocol's name for `check_engine`."""
-        self.check_engine()
+        """Refuse, with a `SessionError`, an engine where sessions get no user namespace.
+
+        See `HostSessions.check_engine`: asked of the engine each time.
+        """
+        self.sessions.check_engine()
 
     # --- images ----------------------------------------------------------------------------
 
@@ -187,7 +151,7 @@ class Runtime:
         containers = self.engine.containers({"label": [f"{HOST_LABEL}={self.config.daemon.host}"]})
         sessions = []
         for key, found in by_key(containers).items():
-            session = self.session_of(key, found)
+            session = self.sessions.session_of(key, found)
             if session is not None:
                 sessions.append(session)
         ordered = sorted(sessions, key=lambda session: (session.start, session.key))
@@ -195,31 +159,11 @@ class Runtime:
 
     def session(self, key: str) -> Session | None:
         """The session `key` of this host as Docker shows it, or None."""
-        return self.session_of(key, self.find(key))
-
-    def find(self, key: str) -> Found:
-        """The containers of session `key` (full `inspect`), by role."""
-        containers = self.engine.containers(
-            {"label": [f"{HOST_LABEL}={self.config.daemon.host}", f"{KEY_LABEL}={key}"]}
-        )
-        return by_role(containers)
-
-    def session_of(self, key: str, found: Found) -> Session | None:
-        """The session that containers `found` make up, with its recorded end (see `lookup`)."""
-        try:
-            id_range = self.kind.session_range(self.engine, found.main) if found.main else None
-        except EngineRefused as error:
-            log.debug("%s: id range not readable: %s", key, error)
-            id_range = None
-        return session_from(
-            key, found, self.ends.recorded(key), gated=self.files.gated(key), id_range=id_range
-        )
-
-    # --- checks before anything is made ----------------------------------------------------
+        return self.sessions.session(key)
 
     def check_spec(self, spec: SessionSpec) -> None:
         """Refuse, with a `SessionError`, a spec this host cannot serve (see `specs.check_spec`)."""
-        check_spec(self.config, spec, self.host_gpus())
+        self.sessions.check_spec(spec)
 
     # --- the life of a session -------------------------------------------------------------
 
@@ -240,14 +184,14 @@ class Runtime:
         could not publish).
         """
         key = spec.key
-        found = self.find(key)
+        found = self.sessions.find(key)
         running = found.complete and status(found.main) == status(found.ftp) == "running"
         if running and not self.files.gated(key):
-            session = self.session_of(key, found)
+            session = self.sessions.session_of(key, found)
             if session is not None:
                 return session  # already let in: started meanwhile
         self.files.close_gate(key, self._gate_text(spec))
-        session = start_session(self, spec, ready_timeout)
+        session = start_session(self.sessions, spec, ready_timeout)
         return dataclasses.replace(session, state="created")
 
     def _gate_text(self, spec: SessionSpec) -> str:
@@ -268,55 +212,21 @@ class Runtime:
         could not publish).
         """
         key = spec.key
-        found = self.find(key)
+        found = self.sessions.find(key)
         ready = found.complete and status(found.main) == status(found.ftp) == "running"
         if ready and self.files.gated(key):
             # prepared ahead: its servers answer already, only the gate was closed
             self.files.open_gate(key)
-            session = self.session_of(key, found)
+            session = self.sessions.session_of(key, found)
             if session is not None:
                 log.info("%s: let in (prepared ahead; ssh port %d)", key, session.ssh_port)
                 return session
         self.files.open_gate(key)
-        return start_session(self, spec, ready_timeout)
+        return start_session(self.sessions, spec, ready_timeout)
 
     def facts(self, session: Session | SessionSpec) -> SessionFacts:
-        storage = self.config.storage
-        return SessionFacts(
-            user=session.user,
-            template=session.template,
-            cuda=session.cuda,
-            gpus=session.gpus,
-            end=self.ends.recorded(session.key) or session.end,
-            output_target=storage.output_target,
-            input_targets=tuple(mount.target for mount in storage.inputs),
-        )
-
-    def show_facts(self, key: str, session: Session) -> None:
-        """Rewrite the session's banner, motd and end on the host (the recorded end wins)."""
-        self.files.show_facts(key, self.facts(session), self.config.reservations.timezone)
-
-    def announced_address(self, key: str) -> str:
-        """The IPv4 address PASV replies announce: `passive_address`, resolved on this host."""
-        name = passive_address(self.host)
-        if not name:
-            return ""
-        try:
-            return socket.gethostbyname(name)
-        except OSError as error:
-            log.warning(
-                "%s: cannot resolve %s for FTP passive mode (%s); clients must use the "
-                "control connection's address",
-                key, name, error,
-            )  # fmt: skip
-            return ""
-
-    def probe_address(self) -> str:
-        """Where this host's published ports are probed: the bound address, or loopback."""
-        address = self.host.bind_address
-        return (
-            "127.0.0.1" if address in ("0.0.0.0", "") else ("::1" if address == "::" else address)
-        )
+        """What the session shows its user (see `HostSessions.facts`)."""
+        return self.sessions.facts(session)
 
     # --- the end of a session --------------------------------------------------------------
 
@@ -332,7 +242,7 @@ class Runtime:
         host account). Idempotent: a session that is gone or going counts as
         stopped.
         """
-        found = self.find(key)
+        found = self.sessions.find(key)
         if found.main is not None and grace > timedelta(0):
             stopping.give_grace(key, found.main, grace)
         self._end(key, found)
@@ -342,7 +252,7 @@ class Runtime:
 
         The escalation of a stop that takes too long; idempotent like `stop`.
         """
-        self._end(key, self.find(key))
+        self._end(key, self.sessions.find(key))
 
     def reset(self, key: str) -> None:
         """SIGKILL session `key`'s main container from the host and remove it; nothing else.
@@ -351,7 +261,7 @@ class Runtime:
         "stopped" and the daemon's next round makes it again (`Recreate`), with
         its devices granted anew. Idempotent: no main container is done.
         """
-        found = self.find(key)
+        found = self.sessions.find(key)
         if found.main is None:
             return
         main_only = Found(found.main, None)
@@ -360,10 +270,10 @@ class Runtime:
         log.warning("%s: main container removed, to be made again", key)
 
     def _end(self, key: str, found: Found) -> None:
-        session = self.session_of(key, found)
+        session = self.sessions.session_of(key, found)
         stopping.kill_from_host(key, found)
         stopping.remove_containers(self.engine, key, found)
-        self._remove_networks(key)
+        self.sessions.remove_networks(key)
         self.ends.forget(key)
         self.files.remove(key)
         if session is None:
@@ -383,36 +293,6 @@ class Runtime:
 
         finish_output(self.config, session)
 
-    def _remove_networks(self, key: str) -> None:
-        host = self.config.daemon.host
-        networks = self.engine.networks({"label": [f"{HOST_LABEL}={host}", f"{KEY_LABEL}={key}"]})
-        names = {str(network["Id"]) for network in networks}
-        named = self.engine.networks({"name": session_name(host, key)})
-        names.update(
-            str(network["Id"])
-            for network in named
-            if network.get("Name") == session_name(host, key)
-        )
-        for network in names:
-            self.engine.remove_network(network, key)
-
-    def remove_now(self, key: str, found: Found | None = None) -> None:
-        """Remove a session's containers and network at once (no grace, output kept)."""
-        found = found or self.find(key)
-        stopping.kill_from_host(key, found)
-        stopping.remove_containers(self.engine, key, found)
-        self._remove_networks(key)
-
-    def roll_back(self, key: str) -> None:
-        """Roll back after a failure; a failing rollback is logged, never hides the first error."""
-        try:
-            self.remove_now(key)
-        except (SessionError, RuntimeUnavailable) as error:
-            # the session's files stay: containers that may remain keep their gate closed
-            log.error("%s: rollback failed, leftovers may remain: %s", key, error)
-            return
-        self.files.remove(key)
-
     # --- during a session ------------------------------------------------------------------
 
     def message(self, key: str, text: str) -> None:
@@ -425,7 +305,7 @@ class Runtime:
         running; only `RuntimeUnavailable` and `EngineTimeout` of the lookup
         pass through.
         """
-        found = self.find(key)
+        found = self.sessions.find(key)
         if found.main is None or status(found.main) != "running":
             log.info("%s: not running; message not shown: %s", key, text)
             return
@@ -450,29 +330,16 @@ class Runtime:
         nothing runs in the container). A session that does not exist is left
         alone. Raises `SessionError` when the record cannot be written.
         """
-        found = self.find(key)
+        found = self.sessions.find(key)
         if not found.all:
             log.info("%s: no session to extend", key)
             return
         self.ends.record(key, end)
-        session = self.session_of(key, found)
+        session = self.sessions.session_of(key, found)
         if session is not None and found.main is not None:
-            self.show_facts(key, session)
-            self._renew_host_certificate(key, session.start, end)
+            self.sessions.show_facts(key, session)
+            self.sessions.renew_host_certificate(key, session.start, end)
         log.info("%s: now ends at %s", key, utc_text(end))
-
-    def _renew_host_certificate(self, key: str, start: datetime, end: datetime) -> None:
-        """Sign the session's host key again up to its new end (sshd reads it per connection)."""
-        folder = self.files.path(key) / HOST_KEYS_FOLDER
-        try:
-            HostCA(self.config).renew_session_certificate(folder, key, start, end)
-        except FileNotFoundError:
-            # made by an earlier version, with the shared keys: nothing to renew
-            log.warning("%s: has no host key of its own; its certificate is not renewed", key)
-        except (OSError, ValueError) as error:
-            raise SessionError(
-                f"session {key}: cannot renew its host certificate: {error}"
-            ) from None
 
     # --- leftovers -------------------------------------------------------------------------
 
@@ -514,7 +381,7 @@ class Runtime:
         return new_spec(
             self.config,
             self.list_sessions(),
-            self.host_gpus(),
+            self.sessions.host_gpus(),
             user,
             template,
             end,

@@ -62,6 +62,8 @@ FILE_MODE = 0o644
 SECRET_MODE = 0o400
 # the file of a session's folder holding its FTP password
 FTP_PASSWORD_FILE = FTP_PASSWORD_PATH.name
+# in a session's host-side folder: its own SSH host key and certificate (see outputs.host_ca)
+HOST_KEYS_FOLDER = "host-keys"
 
 
 def end_text(end: datetime, timezone: str) -> str:

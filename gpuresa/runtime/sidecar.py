@@ -10,52 +10,46 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpuresa.access import AccessError, ftp_credentials
 from gpuresa.model import IdRange, SessionSpec
 from gpuresa.outputs.credentials import HostCredentials
+from gpuresa.runtime.create_payloads import ftp_payload
 from gpuresa.runtime.engine import dumps
 from gpuresa.runtime.errors import SessionError
+from gpuresa.runtime.host_sessions import HostSessions
 from gpuresa.runtime.lookup import container_name, status
 from gpuresa.runtime.output_area import running_path
-from gpuresa.runtime.payload import (
-    ROLE_LABEL,
-    ftp_name,
-    ftp_payload,
-    session_from_labels,
-)
+from gpuresa.runtime.payload import ROLE_LABEL, ftp_name, session_from_labels
 from gpuresa.runtime.probes import ftp_greeting
 from gpuresa.runtime.session_files import FTP_PASSWORD_FILE
-
-if TYPE_CHECKING:
-    from gpuresa.runtime.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
 
-def revive_sidecar(runtime: Runtime, key: str, deadline: float) -> bool:
+def revive_sidecar(sessions: HostSessions, key: str, deadline: float) -> bool:
     """Bring back the FTP sidecar of session `key` alone, if only the sidecar is down.
 
-    Given the runtime and a `time.monotonic()` deadline for the FTP server to
+    Given this host's sessions and a `time.monotonic()` deadline for the FTP server to
     greet. Returns False (and does nothing) unless the main container runs and
     the sidecar is missing or not running; True once the sidecar greets.
     Raises `SessionError` (`ImageMissing`, `PortRefused`…) when it cannot be
     brought back: the main container is left running all the same.
     """
-    found = runtime.find(key)
+    found = sessions.find(key)
     if status(found.main) != "running" or status(found.ftp) == "running":
         return False
     assert found.main is not None
     if found.ftp is None:
         log.warning("%s: the FTP sidecar is gone; making it again", key)
-        name = _recreate(runtime, key, found.main)
+        name = _recreate(sessions, key, found.main)
     else:
         log.warning("%s: the FTP sidecar had exited; starting it again", key)
         name = container_name(found.ftp)
-    runtime.engine.start_container(name, key)
+    sessions.engine.start_container(name, key)
     port = int(found.main["Config"]["Labels"]["gpuresa.ftp-port"])
-    address = runtime.probe_address()
+    address = sessions.probe_address()
     while time.monotonic() < deadline:
         if ftp_greeting(address, port, 2.0):
             return True
@@ -63,7 +57,7 @@ def revive_sidecar(runtime: Runtime, key: str, deadline: float) -> bool:
     raise SessionError(f"session {key}: the restarted FTP server does not answer")
 
 
-def _recreate(runtime: Runtime, key: str, main: dict[str, Any]) -> str:
+def _recreate(sessions: HostSessions, key: str, main: dict[str, Any]) -> str:
     """Create the sidecar again from the main container's labels; returns its name."""
     labels = {name: value for name, value in main["Config"]["Labels"].items() if name != ROLE_LABEL}
     try:
@@ -71,7 +65,7 @@ def _recreate(runtime: Runtime, key: str, main: dict[str, Any]) -> str:
         credentials = ftp_credentials(session.user)
     except (KeyError, ValueError, AccessError) as error:
         raise SessionError(f"session {key}: cannot make its FTP sidecar again: {error}") from None
-    ids = runtime.kind.session_range(runtime.engine, main)
+    ids = sessions.kind.session_range(sessions.engine, main)
     spec = SessionSpec(
         key=session.key,
         user=session.user,
@@ -88,27 +82,27 @@ def _recreate(runtime: Runtime, key: str, main: dict[str, Any]) -> str:
         email=session.email,
     )
     payload = ftp_payload(
-        runtime.config,
+        sessions.config,
         spec,
-        runtime.images.require_ftp_image(),
+        sessions.images.require_ftp_image(),
         int(labels["gpuresa.uid"]),
         session.ftp_user or credentials.user,
         credentials.password,
         # the running place, root-only and nosuid (see output_area), as at the start
-        running_path(runtime.config, key),
+        running_path(sessions.config, key),
         labels,
-        runtime.announced_address(key),
+        sessions.announced_address(key),
         # the same host ids as the user's container (Podman: that session's own range)
-        runtime.kind.sidecar_settings(ids, runtime.config.limits),
-        tls_dir=HostCredentials(runtime.config).sidecar_tls(*_base(ids)),
+        sessions.kind.sidecar_settings(ids, sessions.config.limits),
+        tls_dir=HostCredentials(sessions.config).sidecar_tls(*_base(ids)),
     )
     uid, (base_uid, base_gid) = int(labels["gpuresa.uid"]), _base(ids)
-    runtime.files.show_secret(
+    sessions.files.show_secret(
         key, FTP_PASSWORD_FILE, credentials.password + "\n", base_uid + uid, base_gid + uid
     )
     log.debug("%s: FTP sidecar %s", key, dumps(payload))
     name = ftp_name(session.host, key)
-    runtime.engine.create_container(name, payload, key)
+    sessions.engine.create_container(name, payload, key)
     return name
 
 

@@ -12,7 +12,6 @@ import dataclasses
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
 
 from gpuresa.access import AccessError, authorized_keys, container_uid, ftp_credentials
 from gpuresa.model import Session, SessionSpec
@@ -20,9 +19,11 @@ from gpuresa.outputs.capped import cap_output
 from gpuresa.outputs.credentials import HostCredentials
 from gpuresa.outputs.disk import start_refusal
 from gpuresa.outputs.host_ca import HostCA
+from gpuresa.runtime.create_payloads import MainContainer, ftp_payload, main_payload
 from gpuresa.runtime.engine import dumps
 from gpuresa.runtime.errors import EngineTimeout, ImageMissing, PortRefused, SessionError
 from gpuresa.runtime.gpus import host_gpu_access
+from gpuresa.runtime.host_sessions import HostSessions
 from gpuresa.runtime.layers import layer_plan
 from gpuresa.runtime.limits import session_limits
 from gpuresa.runtime.lookup import Found, container_name, status
@@ -33,91 +34,85 @@ from gpuresa.runtime.payload import (
     MAIN_ROLE,
     NETWORK_ROLE,
     ROLE_LABEL,
-    MainContainer,
     ftp_name,
-    ftp_payload,
-    main_payload,
     session_labels,
     session_name,
 )
 from gpuresa.runtime.readiness import log_tails, wait_ready
-from gpuresa.runtime.session_files import FTP_PASSWORD_FILE
+from gpuresa.runtime.session_files import FTP_PASSWORD_FILE, HOST_KEYS_FOLDER
 from gpuresa.runtime.sidecar import revive_sidecar
 from gpuresa.runtime.templates import resolve_template
 
-if TYPE_CHECKING:
-    from gpuresa.runtime.runtime import Runtime
-
 log = logging.getLogger(__name__)
-
-# in a session's host-side folder: its own SSH host key and certificate (see outputs.host_ca)
-HOST_KEYS_FOLDER = "host-keys"
 
 
 def prepare_session(
-    runtime: Runtime, spec: SessionSpec, *, start_sidecar: bool
+    sessions: HostSessions, spec: SessionSpec, *, start_sidecar: bool
 ) -> tuple[Session, Found]:
-    """`Runtime.prepare`, which says what it does; also gives the containers found after."""
+    """`Runtime.prepare` on this host's `sessions`; also gives the containers found after.
+
+    `Runtime.prepare` says what it does and raises.
+    """
     key = spec.key
-    runtime.check_spec(spec)
-    found = runtime.find(key)
-    existing = runtime.session_of(key, found)
+    sessions.check_spec(spec)
+    found = sessions.find(key)
+    existing = sessions.session_of(key, found)
     if existing is not None and found.complete and existing.state in ("created", "running"):
         # made under the check below; an engine without user namespaces (another
         # data root) would not even list it
         log.debug("%s: already %s", key, existing.state)
         return existing, found
     # before anything is made, every time: an engine without user namespaces is refused
-    runtime.check_engine()
-    template, variant = resolve_template(runtime.config.templates, spec.template, spec.cuda)
+    sessions.check_engine()
+    template, variant = resolve_template(sessions.config.templates, spec.template, spec.cuda)
     # images are built by the daemon's build worker, never here
-    image = runtime.images.require_image(spec.template, variant.name)
-    ftp_image = runtime.images.require_ftp_image()
+    image = sessions.images.require_image(spec.template, variant.name)
+    ftp_image = sessions.images.require_ftp_image()
     if found.all:
         log.info(
             "%s: removing its %s containers to make them again",
             key,
             existing.state if existing else "unreadable",
         )
-        runtime.remove_now(key, found)
+        sessions.remove_now(key, found)
     # a nearly full output disk refuses new sessions; running ones go on
-    refusal = start_refusal(runtime.config, key)
+    refusal = start_refusal(sessions.config, key)
     if refusal is not None:
         log.error("%s: refused: %s", key, refusal)
         raise SessionError(f"session {key}: {refusal}")
-    users = runtime.config.users
+    users = sessions.config.users
     try:
         keys = authorized_keys(spec.user, users)
         uid = container_uid(spec.user, users)
         credentials = ftp_credentials(spec.user)
     except AccessError as error:
         raise SessionError(f"session {key}: {error}") from None
-    gpu = host_gpu_access(runtime.host, spec.gpus)
+    gpu = host_gpu_access(sessions.host, spec.gpus)
     # labels keep the final place; the containers get the root-only running one (output_area)
-    output_dir = output_path(runtime.config, spec)
-    ensure_area(runtime.config)
-    running = running_path(runtime.config, key)
-    take_back(output_dir, stored_path(runtime.config, key), key)
+    output_dir = output_path(sessions.config, spec)
+    ensure_area(sessions.config)
+    running = running_path(sessions.config, key)
+    take_back(output_dir, stored_path(sessions.config, key), key)
     make_output_folder(running)
     # the login's folder exists from the start (root's, empty until the hand-over), so the
     # output service has its account before the session ends: no gap once it has
     with contextlib.suppress(FileExistsError):
-        (runtime.config.storage.output_root / spec.user).mkdir(mode=0o750)
-    remember(runtime.config, key, spec.user, output_dir)
+        (sessions.config.storage.output_root / spec.user).mkdir(mode=0o750)
+    remember(sessions.config, key, spec.user, output_dir)
     # the cap comes before anything of the session's can write there (refused without room)
-    cap_output(runtime.config, key, running, len(spec.gpus), len(runtime.host_gpus()))
+    cap_output(sessions.config, key, running, len(spec.gpus), len(sessions.host_gpus()))
     labelled = dataclasses.replace(spec, cuda=variant.name)
-    runtime.ends.forget(key)
-    files = runtime.files.show_facts(
-        key, runtime.facts(labelled), runtime.config.reservations.timezone
+    sessions.ends.forget(key)
+    files = sessions.files.show_facts(
+        key, sessions.facts(labelled), sessions.config.reservations.timezone
     )
     # the keys are a root-only host file mounted read-only, never the container's own
-    runtime.files.show_keys(key, keys)
+    sessions.files.show_keys(key, keys)
     labels = session_labels(labelled, uid, output_dir, credentials.user)
-    host_credentials = HostCredentials(runtime.config)
+    host_credentials = HostCredentials(sessions.config)
     host_keys = files / HOST_KEYS_FOLDER
     host_keys.mkdir(mode=0o700, exist_ok=True)
-    layer = layer_plan(runtime)
+    layer = layer_plan(sessions.config.limits.layer_size, sessions.engine_info())
     main = MainContainer(
         image=image,
         uid=uid,
@@ -125,39 +120,39 @@ def prepare_session(
         session_files=files,
         command=template.command or (),
         gpu=gpu,
-        engine_settings={**runtime.kind.main_settings(runtime.config.limits), **layer.settings},
-        limits=session_limits(runtime.config.limits, runtime.host_totals(), len(spec.gpus)),
+        engine_settings={**sessions.kind.main_settings(sessions.config.limits), **layer.settings},
+        limits=session_limits(sessions.config.limits, sessions.host_totals(), len(spec.gpus)),
         # this session's own SSH host key, made for its root once its ids are known
         host_keys_dir=host_keys,
     )
-    main_config = main_payload(runtime.config, labelled, main, labels)
+    main_config = main_payload(sessions.config, labelled, main, labels)
     log.debug("%s: main container %s", key, dumps(main_config))
     name = session_name(spec.host, key)
     sidecar = ftp_name(spec.host, key)
     try:
-        runtime.engine.create_network(name, {**labels, ROLE_LABEL: NETWORK_ROLE}, key)
-        main_id = runtime.engine.create_container(name, main_config, key)
+        sessions.engine.create_network(name, {**labels, ROLE_LABEL: NETWORK_ROLE}, key)
+        main_id = sessions.engine.create_container(name, main_config, key)
         # the session's host ids are known once its main container exists (Podman
         # chooses them then); its output is theirs before anything of the user's runs
-        ids = runtime.kind.created(runtime.engine, main_id, spec.gpus, key)
-        layer.cap(runtime, main_id, key)
+        ids = sessions.kind.created(sessions.engine, main_id, spec.gpus, key)
+        layer.cap(sessions.engine, sessions.config.daemon.state_dir, main_id, key)
         base_uid, base_gid = (ids.uid, ids.gid) if ids else (0, 0)
         prepare_output(running, base_uid + uid, base_gid + uid, key)
         # the FTP password, for the login alone to read in the session
-        runtime.files.show_secret(
+        sessions.files.show_secret(
             key, FTP_PASSWORD_FILE, credentials.password + "\n", base_uid + uid, base_gid + uid
         )
         # a fresh host key of its own, certified for its time only, readable by its root;
         # the FTPS certificate for the sidecar's root
         try:
-            HostCA(runtime.config).issue_session_key(
+            HostCA(sessions.config).issue_session_key(
                 host_keys, base_uid, base_gid, key, spec.start, spec.end
             )
         except (OSError, ValueError) as error:
             raise SessionError(f"its host key cannot be made: {error}") from None
         tls = host_credentials.sidecar_tls(base_uid, base_gid)
         sidecar_config = ftp_payload(
-            runtime.config,
+            sessions.config,
             labelled,
             ftp_image,
             uid,
@@ -165,41 +160,41 @@ def prepare_session(
             credentials.password,
             running,
             labels,
-            runtime.announced_address(key),
-            runtime.kind.sidecar_settings(ids, runtime.config.limits),
+            sessions.announced_address(key),
+            sessions.kind.sidecar_settings(ids, sessions.config.limits),
             tls_dir=tls,
         )
         log.debug("%s: FTP sidecar %s", key, dumps(sidecar_config))
-        runtime.engine.create_container(sidecar, sidecar_config, key)
+        sessions.engine.create_container(sidecar, sidecar_config, key)
         if start_sidecar:
-            runtime.engine.start_container(sidecar, key)
+            sessions.engine.start_container(sidecar, key)
     except SessionError as error:
-        runtime.roll_back(key)
+        sessions.roll_back(key)
         raise _same_kind(error, f"session {key} could not be prepared: {error}") from None
     log.info(
         "%s: prepared for %s (template %s %s, GPUs %s, ssh %d, ftp %d)",
         key, spec.user, spec.template, variant.name, list(spec.gpus),
         spec.ssh_port, spec.ftp_port,
     )  # fmt: skip
-    found = runtime.find(key)
-    session = runtime.session_of(key, found)
+    found = sessions.find(key)
+    session = sessions.session_of(key, found)
     if session is None:
         raise SessionError(f"session {key} was created but Docker does not list it")
     return session, found
 
 
-def start_session(runtime: Runtime, spec: SessionSpec, ready_timeout: float) -> Session:
-    """`Runtime.start`, which says what it does."""
+def start_session(sessions: HostSessions, spec: SessionSpec, ready_timeout: float) -> Session:
+    """`Runtime.start` on this host's `sessions` (`Runtime.start` says what it does and raises)."""
     key = spec.key
     started = time.monotonic()
-    existing = runtime.session(key)
+    existing = sessions.session(key)
     if existing is not None and existing.state == "running":
         log.debug("%s: already running", key)
         return existing
-    if existing is not None and revive_sidecar(runtime, key, started + ready_timeout):
-        return runtime.session(key) or existing
+    if existing is not None and revive_sidecar(sessions, key, started + ready_timeout):
+        return sessions.session(key) or existing
     # from nothing, both containers start at once below: faster than in turn
-    session, found = prepare_session(runtime, spec, start_sidecar=False)
+    session, found = prepare_session(sessions, spec, start_sidecar=False)
     waiting = {
         role: container
         for role, container in ((MAIN_ROLE, found.main), (FTP_ROLE, found.ftp))
@@ -208,23 +203,23 @@ def start_session(runtime: Runtime, spec: SessionSpec, ready_timeout: float) -> 
     try:
         with ThreadPoolExecutor(max_workers=2) as pool:
             starting = {
-                role: pool.submit(runtime.engine.start_container, container_name(container), key)
+                role: pool.submit(sessions.engine.start_container, container_name(container), key)
                 for role, container in waiting.items()
             }
             wait_ready(
                 session,
-                runtime.probe_address(),
+                sessions.probe_address(),
                 started + ready_timeout,
                 starting,
-                lambda: runtime.find(key),
+                lambda: sessions.find(key),
             )
-        runtime.show_facts(key, session)
+        sessions.show_facts(key, session)
     except SessionError as error:
-        logs = log_tails(runtime.engine, found)
+        logs = log_tails(sessions.engine, found)
         log.error("%s: start failed: %s%s", key, error, logs)
-        runtime.roll_back(key)
+        sessions.roll_back(key)
         raise _same_kind(error, f"session {key} did not start: {error}{logs}") from None
-    running = runtime.session(key) or session
+    running = sessions.session(key) or session
     log.info(
         "%s: running for %s in %.2f s (ssh port %d, ftp port %d)",
         key, running.user, time.monotonic() - started, running.ssh_port, running.ftp_port,

@@ -1,0 +1,352 @@
+"""The create payloads of a session's two containers, as plain data: main and FTP sidecar.
+
+Pure functions (no Docker, no files, no clock), so the tests pin the exact API
+payload of each GPU mode and of the security settings. The runtime sends these
+dictionaries as they are (`POST /containers/create`); the names and labels they
+carry come from `payload`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from gpuresa.config.sections import Config, HostConfig, LimitsConfig
+from gpuresa.model import SessionSpec
+from gpuresa.runtime.errors import SessionError
+from gpuresa.runtime.limits import SessionLimits, ftp_limit_settings, limit_settings
+from gpuresa.runtime.payload import (
+    FTP_ROLE,
+    MAIN_ROLE,
+    ROLE_LABEL,
+    SESSION_FILES_TARGET,
+    format_gpus,
+    safe_key,
+    session_name,
+)
+
+SSH_CONTAINER_PORT = 22
+FTP_CONTAINER_PORT = 2121
+# where the host's driver files appear in devices mode (CUDA images already
+# list these folders in LD_LIBRARY_PATH and PATH; the entrypoint adds them otherwise)
+DRIVER_LIBRARY_TARGET = PurePosixPath("/usr/local/nvidia/lib64")
+DRIVER_BINARY_TARGET = PurePosixPath("/usr/local/nvidia/bin")
+# where the session's own SSH host key and certificate appear (see outputs.host_ca)
+HOST_KEYS_TARGET = PurePosixPath("/etc/ssh/gpuresa-host-keys")
+FTP_TLS_TARGET = PurePosixPath("/etc/gpuresa-ftp/tls")
+
+# What sshd, sudo and the entrypoint need, found by trying each one away:
+# CHOWN (groupadd, useradd), SETUID/SETGID (sshd's privilege separation, sudo),
+# SYS_CHROOT (sshd's pre-auth chroot), DAC_OVERRIDE/FOWNER (root through sudo
+# reads and fixes the user's files), KILL (root signals the user's processes;
+# gpuresa's own stop does). Not NET_BIND_SERVICE: Docker lets a container bind
+# port 22 in its own network namespace; not AUDIT_WRITE: a user namespace
+# cannot write the host's audit log anyway.
+MAIN_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID", "SYS_CHROOT")
+# vsftpd: CHOWN (groupadd at start), SETUID/SETGID (drop to the login), SYS_CHROOT.
+FTP_CAPABILITIES = ("CHOWN", "SETGID", "SETUID", "SYS_CHROOT")
+FTP_PIDS_LIMIT = 128
+
+
+# --- GPUs ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuAccess:
+    """What a GPU mode adds to the main container's create payload."""
+
+    device_requests: list[dict[str, Any]] = field(default_factory=list)
+    devices: list[dict[str, str]] = field(default_factory=list)
+    mounts: list[dict[str, Any]] = field(default_factory=list)
+    environment: dict[str, str] = field(default_factory=dict)
+
+
+def gpu_access(
+    host: HostConfig,
+    gpus: Sequence[int],
+    existing_devices: Collection[str] = (),
+    driver_libraries: Sequence[Path] = (),
+    driver_binaries: Sequence[Path] = (),
+) -> GpuAccess:
+    """The Docker settings that give a container exactly the GPUs `gpus` of `host`.
+
+    - nvidia: one device request with explicit ids (never a count: a count hands
+      every session the same GPUs);
+    - cdi: CDI names `nvidia.com/gpu=<index>`;
+    - devices: `/dev/nvidia<N>`, `/dev/nvidiactl` and every `/dev/nvidia-uvm*`
+      in `existing_devices`, at the same paths (Docker bind-mounts device nodes
+      under user namespaces), plus the driver files read-only;
+    - none: nothing, and any GPU request is refused.
+
+    NVIDIA_VISIBLE_DEVICES always names the booked GPUs ("void" for none), so a
+    host whose default runtime is nvidia cannot hand out every GPU through an
+    image's `NVIDIA_VISIBLE_DEVICES=all`. Raises `SessionError` for a request the
+    mode cannot serve.
+    """
+    gpus = tuple(gpus)
+    host_indices = format_gpus(gpus)
+    environment = {"NVIDIA_VISIBLE_DEVICES": host_indices or "void"}
+    if host.gpu_mode == "none":
+        if gpus:
+            raise SessionError(f"host {host.name} has gpu_mode 'none' and cannot give GPUs {gpus}")
+        return GpuAccess(environment=environment)
+    if not gpus:
+        return GpuAccess(environment=environment)
+    if host.gpu_mode in ("nvidia", "cdi"):
+        # the toolkit shows only the booked GPUs, numbered from 0 inside
+        environment["CUDA_VISIBLE_DEVICES"] = ",".join(str(number) for number in range(len(gpus)))
+        environment["NVIDIA_DRIVER_CAPABILITIES"] = "compute,utility"
+        if host.gpu_mode == "nvidia":
+            request = {
+                "Driver": "nvidia",
+                "Count": 0,
+                "DeviceIDs": [str(index) for index in gpus],
+                "Capabilities": [["gpu"]],
+                "Options": {},
+            }
+        else:
+            request = {
+                "Driver": "cdi",
+                "Count": 0,
+                "DeviceIDs": [f"nvidia.com/gpu={index}" for index in gpus],
+                "Capabilities": [],
+                "Options": {},
+            }
+        return GpuAccess(device_requests=[request], environment=environment)
+    # devices: without a toolkit the driver enumerates every GPU of the host,
+    # so CUDA must be told the host indices of the booked ones
+    environment["CUDA_VISIBLE_DEVICES"] = host_indices
+    wanted = [f"/dev/nvidia{index}" for index in gpus]
+    missing = [path for path in [*wanted, "/dev/nvidiactl"] if path not in existing_devices]
+    if missing:
+        raise SessionError(
+            f"host {host.name} (gpu_mode 'devices') has no {', '.join(missing)}: "
+            "is the NVIDIA driver loaded?"
+        )
+    shared = sorted(path for path in existing_devices if path.startswith("/dev/nvidia-uvm"))
+    devices = [
+        {"PathOnHost": path, "PathInContainer": path, "CgroupPermissions": "rwm"}
+        for path in [*wanted, "/dev/nvidiactl", *shared]
+    ]
+    mounts = [
+        _bind(library, DRIVER_LIBRARY_TARGET / library.name, read_only=True)
+        for library in driver_libraries
+    ] + [
+        _bind(binary, DRIVER_BINARY_TARGET / binary.name, read_only=True)
+        for binary in driver_binaries
+    ]
+    return GpuAccess(devices=devices, mounts=mounts, environment=environment)
+
+
+def _bind(
+    source: Path | PurePosixPath, target: Path | PurePosixPath, *, read_only: bool
+) -> dict[str, Any]:
+    return {"Type": "bind", "Source": str(source), "Target": str(target), "ReadOnly": read_only}
+
+
+def _limits(limits: LimitsConfig) -> dict[str, Any]:
+    settings: dict[str, Any] = {
+        "ShmSize": limits.shm_size.bytes,
+        "PidsLimit": limits.pids,
+    }
+    if limits.cpus is not None:
+        settings["NanoCpus"] = int(limits.cpus * 1_000_000_000)
+    if limits.memory is not None:
+        settings["Memory"] = limits.memory.bytes
+    return settings
+
+
+def resource_limits(limits: LimitsConfig) -> dict[str, Any]:
+    """The HostConfig settings of `[limits]` as set (shared memory, processes, CPUs, memory).
+
+    Sessions get their share of the host instead (see `runtime.limits`).
+    """
+    return _limits(limits)
+
+
+def _environment(values: Mapping[str, str]) -> list[str]:
+    return [f"{name}={value}" for name, value in sorted(values.items())]
+
+
+@dataclass(frozen=True)
+class MainContainer:
+    """What the main container needs beyond the spec: gathered by the runtime."""
+
+    image: str
+    uid: int
+    output_dir: Path
+    session_files: Path
+    command: tuple[str, ...] = ()
+    gpu: GpuAccess = field(default_factory=GpuAccess)
+    # what the engine adds to HostConfig (Podman: the session's own user namespace)
+    engine_settings: Mapping[str, Any] = field(default_factory=dict)
+    # the session's own SSH host key and certificate (its root reads them)
+    host_keys_dir: Path | None = None
+    # the session's CPUs and memory (see `runtime.limits`); None: `[limits]` as set
+    limits: SessionLimits | None = None
+
+
+def main_payload(
+    config: Config, spec: SessionSpec, main: MainContainer, labels: Mapping[str, str]
+) -> dict[str, Any]:
+    """The create payload of a session's main container (sshd, the user's work).
+
+    Mounts come from the config only (inputs read-only, the output folder
+    read-write, the session's host-written files and driver files
+    read-only); never privileged, never the Docker
+    socket, every capability dropped but `MAIN_CAPABILITIES`. No
+    no-new-privileges: it would stop sudo.
+    """
+    host = config.host(spec.host)
+    network = session_name(spec.host, spec.key)
+    inputs = config.storage.inputs
+    environment = {
+        "GPURESA_SESSION": spec.key,
+        "GPURESA_USER": spec.user,
+        "GPURESA_UID": str(main.uid),
+        "GPURESA_TEMPLATE": spec.template,
+        "GPURESA_CUDA": spec.cuda or "",
+        "GPURESA_GPUS": format_gpus(spec.gpus) or "none",
+        "GPURESA_OUTPUT": str(config.storage.output_target),
+        "GPURESA_INPUTS": ":".join(str(mount.target) for mount in inputs),
+        **main.gpu.environment,
+    }
+    mounts = [
+        *(_bind(mount.source, mount.target, read_only=True) for mount in inputs),
+        _bind(main.output_dir, config.storage.output_target, read_only=False),
+        _bind(main.session_files, SESSION_FILES_TARGET, read_only=True),
+        *main.gpu.mounts,
+    ]
+    if main.host_keys_dir is not None:
+        mounts.append(_bind(main.host_keys_dir, HOST_KEYS_TARGET, read_only=True))
+    host_config: dict[str, Any] = {
+        "NetworkMode": network,
+        "PortBindings": {
+            f"{SSH_CONTAINER_PORT}/tcp": [
+                {"HostIp": host.bind_address, "HostPort": str(spec.ssh_port)}
+            ]
+        },
+        "Mounts": mounts,
+        "Devices": main.gpu.devices,
+        "DeviceRequests": main.gpu.device_requests,
+        "CapDrop": ["ALL"],
+        "CapAdd": list(MAIN_CAPABILITIES),
+        "SecurityOpt": [],
+        "Privileged": False,
+        "Init": True,
+        "RestartPolicy": {"Name": "no"},
+        **(
+            _limits(config.limits)
+            if main.limits is None
+            else limit_settings(config.limits, main.limits)
+        ),
+        **main.engine_settings,
+    }
+    return {
+        "Image": main.image,
+        "Cmd": list(main.command),
+        "Hostname": _hostname(spec),
+        "Env": _environment(environment),
+        "Labels": {**labels, ROLE_LABEL: MAIN_ROLE},
+        "ExposedPorts": {f"{SSH_CONTAINER_PORT}/tcp": {}},
+        "HostConfig": host_config,
+        "NetworkingConfig": {"EndpointsConfig": {network: {"Aliases": ["session"]}}},
+    }
+
+
+def _hostname(spec: SessionSpec) -> str:
+    """What users see in their prompt: `<host>-<template>`, a valid host name."""
+    name = re.sub(r"[^a-z0-9-]+", "-", f"{spec.host}-{spec.template}".lower()).strip("-")
+    return name[:63].strip("-") or "session"
+
+
+def passive_address(host: HostConfig) -> str:
+    """The name or address FTP clients reach this host by: public name, else bound address.
+
+    Empty when the ports are bound to every address and no public name is set.
+    The runtime turns a name into an IPv4 address (PASV replies carry numbers).
+    """
+    if host.public_name:
+        return host.public_name
+    if host.bind_address in ("0.0.0.0", "::", ""):
+        return ""
+    return host.bind_address
+
+
+def ftp_payload(
+    config: Config,
+    spec: SessionSpec,
+    image: str,
+    uid: int,
+    ftp_user: str,
+    ftp_password: str,
+    output_dir: Path,
+    labels: Mapping[str, str],
+    announced_address: str = "",
+    engine_settings: Mapping[str, Any] | None = None,
+    tls_dir: Path | None = None,
+) -> dict[str, Any]:
+    """The create payload of a session's FTP sidecar (vsftpd on the output folder).
+
+    With `tls_dir` (cert.pem and key.pem) it speaks explicit TLS, required
+    unless storage.ftp_plain.
+
+    The passive ports are published on the same numbers inside and out: the
+    PASV reply names the port the server listens on, and `announced_address`
+    (an IPv4 address; empty: vsftpd's own, which clients that trust the control
+    connection's address, most of them, ignore). `engine_settings` are added
+    to HostConfig (Podman: the main container's user namespace, forced).
+    """
+    host = config.host(spec.host)
+    network = session_name(spec.host, spec.key)
+    passive = range(spec.ftp_passive_first, spec.ftp_passive_last + 1)
+    bindings = {
+        f"{FTP_CONTAINER_PORT}/tcp": [
+            {"HostIp": host.bind_address, "HostPort": str(spec.ftp_port)}
+        ],
+        **{
+            f"{port}/tcp": [{"HostIp": host.bind_address, "HostPort": str(port)}]
+            for port in passive
+        },
+    }
+    environment = {
+        "GPURESA_SESSION": safe_key(spec.key),
+        "FTP_USER": ftp_user,
+        "FTP_UID": str(uid),
+        "FTP_PASSWORD": ftp_password,
+        "FTP_PASSIVE_FIRST": str(spec.ftp_passive_first),
+        "FTP_PASSIVE_LAST": str(spec.ftp_passive_last),
+        "FTP_PASSIVE_ADDRESS": announced_address,
+        "FTP_PLAIN": "yes" if config.storage.ftp_plain else "no",
+    }
+    mounts = [_bind(output_dir, PurePosixPath("/output"), read_only=False)]
+    if tls_dir is not None:
+        mounts.append(_bind(tls_dir, FTP_TLS_TARGET, read_only=True))
+    return {
+        "Image": image,
+        "Cmd": [],
+        "Hostname": "ftp",
+        "Env": _environment(environment),
+        "Labels": {**labels, ROLE_LABEL: FTP_ROLE},
+        "ExposedPorts": {port: {} for port in bindings},
+        "HostConfig": {
+            "NetworkMode": network,
+            "PortBindings": bindings,
+            "Mounts": mounts,
+            "Devices": [],
+            "DeviceRequests": [],
+            "CapDrop": ["ALL"],
+            "CapAdd": list(FTP_CAPABILITIES),
+            "SecurityOpt": ["no-new-privileges:true"],
+            "Privileged": False,
+            "Init": True,
+            "RestartPolicy": {"Name": "no"},
+            "PidsLimit": FTP_PIDS_LIMIT,
+            **ftp_limit_settings(),
+            **(engine_settings or {}),
+        },
+        "NetworkingConfig": {"EndpointsConfig": {network: {"Aliases": ["ftp"]}}},
+    }
