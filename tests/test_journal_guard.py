@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuresa.config.sections import NotifyConfig, UsersConfig
+from gpuresa.config.reporting_sections import NotifyConfig
+from gpuresa.config.sections import UsersConfig
 from gpuresa.errors import UserError
 from gpuresa.journal.guard import GuardedJournal, damaged_name, open_journal
 from gpuresa.journal.schema import SCHEMA_VERSION

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from conftest import SMTPServer, _CollectingHandler, free_port
 
-from gpuresa.config.sections import NotifyConfig, UsersConfig
+from gpuresa.config.reporting_sections import NotifyConfig
+from gpuresa.config.sections import UsersConfig
 from gpuresa.mail.notices import (
     SUBJECT_LIMIT,
     Notifier,

@@ -32,8 +32,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
+from gpuresa.config.loading import read_secret
+from gpuresa.config.reporting_sections import NotifyConfig
 from gpuresa.config.schema import format_duration
-from gpuresa.config.sections import NotifyConfig, UsersConfig, read_secret
+from gpuresa.config.sections import UsersConfig
 from gpuresa.errors import UserError
 from gpuresa.inert import inert, inert_lines
 from gpuresa.model import Rejection, Session
