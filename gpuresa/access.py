@@ -20,7 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuresa.config.sections import LOGIN, UsersConfig
+from gpuresa.config.names import LOGIN
+from gpuresa.config.sections import UsersConfig
 from gpuresa.errors import UserError
 
 log = logging.getLogger(__name__)

@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from gpuresa.cli import main
-from gpuresa.config import sections as config_module
+from gpuresa.config import calendar_sections, reporting_sections, sections
+from gpuresa.config.loading import read_secret
 from gpuresa.config.schema import Invalid, PortRange, format_duration, parse_duration
-from gpuresa.config.sections import Config, load_config, parse_config, read_secret
+from gpuresa.config.sections import Config, load_config, parse_config
 from gpuresa.errors import ConfigError, UserError
 
 ROOT = Path(__file__).parents[1]
@@ -48,19 +49,19 @@ def test_example_is_valid_and_sets_what_it_shows() -> None:
 
 
 SECTIONS: dict[str, type] = {
-    "daemon": config_module.DaemonConfig,
-    "reservations": config_module.ReservationsConfig,
-    "calendars": config_module.CalendarConfig,
-    "hosts": config_module.HostConfig,
-    "templates": config_module.TemplatesConfig,
-    "users": config_module.UsersConfig,
-    "storage": config_module.StorageConfig,
-    "storage.inputs": config_module.InputMount,
-    "limits": config_module.LimitsConfig,
-    "udocker": config_module.UdockerConfig,
-    "notify": config_module.NotifyConfig,
-    "telemetry": config_module.TelemetryConfig,
-    "slurm": config_module.SlurmConfig,
+    "daemon": calendar_sections.DaemonConfig,
+    "reservations": calendar_sections.ReservationsConfig,
+    "calendars": calendar_sections.CalendarConfig,
+    "hosts": sections.HostConfig,
+    "templates": sections.TemplatesConfig,
+    "users": sections.UsersConfig,
+    "storage": sections.StorageConfig,
+    "storage.inputs": sections.InputMount,
+    "limits": sections.LimitsConfig,
+    "udocker": sections.UdockerConfig,
+    "notify": reporting_sections.NotifyConfig,
+    "telemetry": reporting_sections.TelemetryConfig,
+    "slurm": sections.SlurmConfig,
 }
 # a commented key line ending with this shows an example value of a key unset by default
 EXAMPLE_MARK = "# example; unset by default"

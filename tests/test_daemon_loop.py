@@ -21,8 +21,8 @@ from gpuresa.daemon.loop import Loop
 from gpuresa.daemon.state import Context
 from gpuresa.daemon.work import Done, Started
 from gpuresa.journal.guard import open_journal
-from gpuresa.mail.notices import Notifier
 from gpuresa.mail.outbox import Outbox
+from gpuresa.mail.smtp import Notifier
 from gpuresa.planning.actions import Prepare, Recreate, Start
 
 

@@ -10,8 +10,8 @@ from conftest import SMTPServer
 from gpuresa.config.sections import parse_config
 from gpuresa.daemon.state import Context
 from gpuresa.journal.guard import open_journal
-from gpuresa.mail.notices import Notifier
 from gpuresa.mail.outbox import Outbox
+from gpuresa.mail.smtp import Notifier
 from gpuresa.model import Rejection
 
 

@@ -24,7 +24,7 @@ from gpuresa.config.sections import load_config
 from gpuresa.daemon import Daemon, session_record
 from gpuresa.errors import UserError
 from gpuresa.journal.store import Journal
-from gpuresa.mail.notices import Notifier
+from gpuresa.mail.smtp import Notifier
 from gpuresa.reservations.catalog import SHIPPED_TEMPLATES
 from gpuresa.runtime import Runtime
 from gpuresa.runtime.payload import session_name

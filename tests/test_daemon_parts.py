@@ -31,8 +31,8 @@ from gpuresa.daemon.periodic import Periodic
 from gpuresa.daemon.polling import POLL_DEADLINE
 from gpuresa.daemon.state import Context
 from gpuresa.journal.guard import open_journal
-from gpuresa.mail.notices import Notifier
 from gpuresa.mail.outbox import Outbox
+from gpuresa.mail.smtp import Notifier
 from gpuresa.planning import actions as planned
 
 # --- periodic jobs ---------------------------------------------------------------------------

@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from gpuresa.config.sections import NotifyConfig, UsersConfig
+from gpuresa.config.reporting_sections import NotifyConfig
+from gpuresa.config.sections import UsersConfig
 from gpuresa.errors import UserError
 from gpuresa.journal.guard import GuardedJournal, damaged_name, open_journal
 from gpuresa.journal.schema import SCHEMA_VERSION
 from gpuresa.journal.store import Journal, JournalTooNew
-from gpuresa.mail.notices import Notifier
 from gpuresa.mail.outbox import Outbox
+from gpuresa.mail.smtp import Notifier
 from gpuresa.model import Rejection, Reservation
 
 NOW = datetime(2024, 5, 3, 12, 0, tzinfo=UTC)

@@ -16,24 +16,20 @@ from typing import Any
 import pytest
 from conftest import SMTPServer, _CollectingHandler, free_port
 
-from gpuresa.config.sections import NotifyConfig, UsersConfig
+from gpuresa.config.reporting_sections import NotifyConfig
+from gpuresa.config.sections import UsersConfig
 from gpuresa.mail.notices import (
-    SUBJECT_LIMIT,
-    Notifier,
-    NotifyError,
     banner_text,
     cancel_message,
     end_message,
     failure_message,
-    format_remaining,
-    format_time,
-    one_line,
     rejection_message,
     start_message,
-    valid_address,
     wall_text,
     warning_message,
 )
+from gpuresa.mail.smtp import SUBJECT_LIMIT, Notifier, NotifyError, valid_address
+from gpuresa.mail.wording import format_remaining, format_time, one_line
 from gpuresa.model import Rejection, Session
 
 PARIS = "Europe/Paris"

@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 from conftest import SMTPServer, free_port
 
-from gpuresa.config.sections import NotifyConfig, UsersConfig
+from gpuresa.config.reporting_sections import NotifyConfig
+from gpuresa.config.sections import UsersConfig
 from gpuresa.journal.store import Journal
-from gpuresa.mail.notices import Notifier
 from gpuresa.mail.outbox import RETRY_DELAYS, Outbox, retry_delay
+from gpuresa.mail.smtp import Notifier
 
 START = datetime(2024, 5, 3, 12, 0, tzinfo=UTC)
 

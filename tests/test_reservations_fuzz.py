@@ -12,7 +12,8 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuresa.config.sections import LOGIN, Config, parse_config
+from gpuresa.config.names import LOGIN
+from gpuresa.config.sections import Config, parse_config
 from gpuresa.model import ReservationSet
 from gpuresa.reservations.rules import read_reservations
 

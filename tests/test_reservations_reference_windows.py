@@ -33,7 +33,7 @@ from test_reservations_reference import (
     window_of,
 )
 
-from gpuresa.config.sections import ReservationsConfig
+from gpuresa.config.calendar_sections import ReservationsConfig
 
 CORPORA = Path(__file__).parent / "corpus"
 ICALENDAR = "icalendar-project"

@@ -21,8 +21,9 @@ from test_runtime import Site, host_login, make_site, run, ssh_login
 from gpuresa.config.sections import parse_config
 from gpuresa.daemon.notices import Notices
 from gpuresa.journal.guard import open_journal
-from gpuresa.mail.notices import FTP_PASSWORD_PATH, Notifier
+from gpuresa.mail.notices import FTP_PASSWORD_PATH
 from gpuresa.mail.outbox import Outbox
+from gpuresa.mail.smtp import Notifier
 from gpuresa.model import Session
 from gpuresa.runtime.payload import SESSION_FILES_TARGET
 from gpuresa.runtime.session_files import FTP_PASSWORD_FILE

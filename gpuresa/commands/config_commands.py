@@ -9,8 +9,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from gpuresa.config.loading import example_text
 from gpuresa.config.schema import PortRange, Share, Size, format_duration
-from gpuresa.config.sections import Config, example_text, load_config
+from gpuresa.config.sections import Config, load_config
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

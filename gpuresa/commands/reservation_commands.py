@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from gpuresa.config.sections import CalendarConfig, Config, load_config
+from gpuresa.config.calendar_sections import CalendarConfig
+from gpuresa.config.sections import Config, load_config
 from gpuresa.errors import UserError
 from gpuresa.inert import echo, inert
 from gpuresa.model import Rejection, Reservation, ReservationSet

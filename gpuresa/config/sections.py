@@ -1,8 +1,12 @@
 """The configuration: one TOML file read into frozen dataclasses.
 
-Every section is a dataclass below; `config.example.toml` documents each key
-with its default, and a test keeps the two in step. Problems are collected, not
-raised one at a time, so an admin fixes a file in one pass.
+`Config` is the whole file, `load_config`/`parse_config` read it. The sections
+of the host side (hosts, templates, users, storage, limits, udocker, slurm) are
+below; the calendar side is in `calendar_sections`, notify and telemetry in
+`reporting_sections`, the checks across keys in `checks`.
+`config.example.toml` documents each key with its default, and a test keeps the
+two in step. Problems are collected, not raised one at a time, so an admin fixes
+a file in one pass.
 """
 
 from __future__ import annotations
@@ -15,7 +19,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 
-from gpuresa.config.database import url_problem
+from gpuresa.config.calendar_sections import CalendarConfig, DaemonConfig, ReservationsConfig
+from gpuresa.config.checks import cross_checks
+from gpuresa.config.loading import CONFIG_ENVIRONMENT_VARIABLE, config_path
+from gpuresa.config.names import NAME, valid_login_keys
+from gpuresa.config.reporting_sections import NotifyConfig, TelemetryConfig
 from gpuresa.config.schema import (
     Field,
     Loader,
@@ -25,53 +33,8 @@ from gpuresa.config.schema import (
     at_least,
     matches,
     positive_duration,
-    valid_regex,
 )
 from gpuresa.errors import ConfigError, UserError
-
-DEFAULT_CONFIG_PATH = Path("/etc/gpuresa/config.toml")
-CONFIG_ENVIRONMENT_VARIABLE = "GPURESA_CONFIG"
-
-NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}"
-LOGIN = r"[a-z_][a-z0-9_-]{0,31}"
-
-
-def _valid_timezone(value: str) -> str | None:
-    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
-
-    try:
-        ZoneInfo(value)
-    except (ZoneInfoNotFoundError, ValueError):
-        return f"unknown time zone {value!r} (use an IANA name such as 'Europe/Paris')"
-    return None
-
-
-def _durations_positive(values: tuple[timedelta, ...]) -> str | None:
-    if any(value <= timedelta(0) for value in values):
-        return "every warning must be longer than 0s"
-    return None
-
-
-def _logins(values: tuple[str, ...]) -> str | None:
-    import re
-
-    bad = [value for value in values if not re.fullmatch(LOGIN, value)]
-    return f"not valid logins: {', '.join(map(repr, bad))}" if bad else None
-
-
-def _login_keys(values: Mapping[str, Any]) -> str | None:
-    return _logins(tuple(values))
-
-
-def _login_values(values: Mapping[str, str]) -> str | None:
-    return _logins(tuple(values.values()))
-
-
-def _room_hosts(values: Mapping[str, str]) -> str | None:
-    import re
-
-    bad = [value for value in values.values() if not re.fullmatch(NAME, value)]
-    return f"not host names: {', '.join(map(repr, bad))}" if bad else None
 
 
 def _gpu_indices(value: tuple[int, ...] | str) -> str | None:
@@ -81,68 +44,6 @@ def _gpu_indices(value: tuple[int, ...] | str) -> str | None:
         if len(set(value)) != len(value):
             return "GPU indices must not repeat"
     return None
-
-
-def _at_least_a_day(value: timedelta) -> str | None:
-    # the journal must remember what the calendars' window still shows
-    return None if value >= timedelta(days=1) else "must be at least 1d"
-
-
-@dataclass(frozen=True)
-class DaemonConfig:
-    """[daemon]: this machine's role and the service's timing."""
-
-    host: str = Field("localhost", check=matches(NAME, "a host name"))
-    state_dir: Path = Path("/var/lib/gpuresa")
-    poll_interval: timedelta = Field(timedelta(seconds=30), check=positive_duration)
-    prepare_ahead: timedelta = timedelta(minutes=5)
-    stop_grace: timedelta = timedelta(seconds=30)
-    cancel_grace: timedelta = timedelta(minutes=5)
-    # a poll that loses most bookings with a session is believed only after this long
-    vanish_confirm: timedelta = Field(timedelta(minutes=15), check=positive_duration)
-    orphan_grace: timedelta = timedelta(minutes=10)
-    warnings: tuple[timedelta, ...] = Field(
-        (timedelta(minutes=15), timedelta(minutes=5)), check=_durations_positive
-    )
-    docker_retry_max: timedelta = Field(timedelta(minutes=1), check=positive_duration)
-    journal_retention: timedelta = Field(timedelta(days=180), check=_at_least_a_day)
-
-
-@dataclass(frozen=True)
-class ReservationsConfig:
-    """[reservations]: how calendar events become reservations, site-wide."""
-
-    timezone: str = Field("UTC", check=_valid_timezone)
-    window_past: timedelta = timedelta(days=1)
-    window_ahead: timedelta = Field(timedelta(days=14), check=positive_duration)
-    max_duration: timedelta = Field(timedelta(days=7), check=positive_duration)
-    allowed_users: tuple[str, ...] = Field((), check=_logins)
-
-
-@dataclass(frozen=True)
-class CalendarConfig:
-    """[[calendars]]: one calendar source and the rules that read its events."""
-
-    name: str = Field(check=matches(NAME, "a name of letters, digits, '.', '_' or '-'"))
-    url: str = Field(check=matches(r"\S+", "a URL or an absolute path"))
-    kind: Literal["caldav", "ics", "grr"] = "caldav"
-    username: str | None = None
-    password_file: Path | None = None
-    password_credential: str | None = None
-    auth: Literal["basic", "digest"] = "basic"
-    verify_tls: bool = True
-    host: str | None = Field(None, check=matches(NAME, "a host name"))
-    accept_tentative: bool = False
-    user_from: Literal["summary", "organizer", "attendee"] = "summary"
-    summary_regex: str | None = Field(None, check=valid_regex)
-    email_logins: Mapping[str, str] = Field(factory=dict, check=_login_values)
-    default_template: str | None = None
-    default_cuda: str | None = None
-    default_gpus: int = Field(1, check=at_least(1))
-    # kind "grr" only (GRR's MySQL/MariaDB database; see gpuresa.reservations.sources.grr)
-    unix_socket: Path | None = None
-    table_prefix: str = Field("grr_", check=matches(r"[A-Za-z0-9_]{0,32}", "letters, digits, '_'"))
-    rooms: Mapping[str, str] = Field(factory=dict, check=_room_hosts)
 
 
 def _names(value: tuple[str, ...]) -> str | None:
@@ -219,8 +120,8 @@ class UsersConfig:
     keys_dir: Path = Path("/etc/gpuresa/keys")
     host_authorized_keys: bool = True
     uid_base: int = Field(20000, check=at_least(1000))
-    uids: Mapping[str, int] = Field(factory=dict, check=_login_keys)
-    emails: Mapping[str, str] = Field(factory=dict, check=_login_keys)
+    uids: Mapping[str, int] = Field(factory=dict, check=valid_login_keys)
+    emails: Mapping[str, str] = Field(factory=dict, check=valid_login_keys)
     email_domain: str | None = None
 
 
@@ -317,53 +218,6 @@ def _size(value: str | None) -> str | None:
 
 
 @dataclass(frozen=True)
-class NotifyConfig:
-    """[notify]: e-mail to users through an SMTP server."""
-
-    enabled: bool = False
-    smtp_host: str = "localhost"
-    smtp_port: int = Field(25, check=at_least(1))
-    security: Literal["none", "starttls", "tls"] = "none"
-    ca_file: Path | None = None
-    username: str | None = None
-    password_file: Path | None = None
-    password_credential: str | None = None
-    sender: str = "gpuresa@localhost"
-    admin: str | None = None
-    timeout: timedelta = Field(timedelta(seconds=20), check=positive_duration)
-    give_up_after: timedelta = Field(timedelta(days=3), check=positive_duration)
-
-
-def _listen_address(value: str | None) -> str | None:
-    if value is None:
-        return None
-    host, _, port = value.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        return f'expected "address:port" such as "127.0.0.1:9464", got {value!r}'
-    return None
-
-
-def _percent(value: int) -> str | None:
-    return None if 0 <= value <= 100 else "a percentage from 0 to 100"
-
-
-@dataclass(frozen=True)
-class TelemetryConfig:
-    """[telemetry]: GPU sampling, use per booking, idle and unbooked GPUs, metrics, status page."""
-
-    backend: Literal["auto", "nvml", "nvidia-smi", "none"] = "auto"
-    sample_interval: timedelta = Field(timedelta(minutes=1), check=positive_duration)
-    idle_threshold: int = Field(5, check=_percent)
-    idle_after: timedelta = Field(timedelta(hours=2), check=positive_duration)
-    idle_action: Literal["notify", "notify-admin"] = "notify"
-    report_unbooked: bool = True
-    recreate_lost: bool = True
-    listen: str | None = Field(None, check=_listen_address)
-    page_days: int = Field(3, check=at_least(1))
-    job_mapping_dir: Path | None = None
-
-
-@dataclass(frozen=True)
 class SlurmConfig:
     """[slurm]: a host of engine "slurm" is a cluster; see gpuresa/backends/slurm/."""
 
@@ -408,139 +262,6 @@ class Config:
         raise UserError(f"no calendar is named {name!r} (configured: {known})")
 
 
-def _cross_checks(config: Config) -> list[str]:
-    """Problems that involve more than one key."""
-    problems = []
-    host_names = [host.name for host in config.hosts]
-    for index, name in enumerate(host_names):
-        if name in host_names[:index]:
-            problems.append(f"hosts[{index}].name: {name!r} is used by another host")
-    calendar_names = [calendar.name for calendar in config.calendars]
-    for index, name in enumerate(calendar_names):
-        if name in calendar_names[:index]:
-            problems.append(f"calendars[{index}].name: {name!r} is used by another calendar")
-    if config.hosts and config.daemon.host not in host_names:
-        problems.append(
-            f"daemon.host: {config.daemon.host!r} is not one of the [[hosts]] "
-            f"({', '.join(host_names)})"
-        )
-    for index, calendar in enumerate(config.calendars):
-        if calendar.host is not None and calendar.host not in host_names:
-            problems.append(
-                f"calendars[{index}].host: {calendar.host!r} is not one of the [[hosts]]"
-            )
-        if (
-            calendar.kind == "ics"
-            and calendar.url.startswith("/") is False
-            and not (calendar.url.startswith("http://") or calendar.url.startswith("https://"))
-        ):
-            problems.append(
-                f"calendars[{index}].url: an ics calendar needs an absolute path or an "
-                f"http(s) URL, got {calendar.url!r}"
-            )
-        if calendar.kind == "caldav" and not calendar.url.startswith(("http://", "https://")):
-            problems.append(
-                f"calendars[{index}].url: a caldav calendar needs an http(s) URL, "
-                f"got {calendar.url!r}"
-            )
-        problems.extend(_grr_checks(index, calendar, host_names))
-    for index, host in enumerate(config.hosts):
-        ranges = {
-            "ssh_ports": host.ssh_ports,
-            "ftp_ports": host.ftp_ports,
-            "ftp_passive_ports": host.ftp_passive_ports,
-        }
-        names = list(ranges)
-        for position, first in enumerate(names):
-            for second in names[position + 1 :]:
-                if ranges[first].overlaps(ranges[second]):
-                    problems.append(
-                        f"hosts[{index}].{second}: overlaps {first} "
-                        f"({ranges[second]} and {ranges[first]})"
-                    )
-        if host.engine == "podman" and host.gpu_mode == "nvidia":
-            problems.append(
-                f"hosts[{index}].gpu_mode: Podman has no NVIDIA device requests; "
-                'use "cdi" (NVIDIA Container Toolkit\'s CDI spec) or "devices"'
-            )
-        if host.engine == "udocker" and host.gpu_mode in ("nvidia", "cdi"):
-            problems.append(
-                f"hosts[{index}].gpu_mode: udocker sessions get GPUs as device nodes only; "
-                'use "devices" or "none"'
-            )
-        if len(host.ftp_passive_ports) < host.ftp_passive_per_session:
-            problems.append(
-                f"hosts[{index}].ftp_passive_ports: fewer ports than "
-                f"ftp_passive_per_session ({host.ftp_passive_per_session})"
-            )
-    problems.extend(_storage_checks(config))
-    for index, mount in enumerate(config.storage.inputs):
-        if mount.target == config.storage.output_target:
-            problems.append(
-                f"storage.inputs[{index}].target: {mount.target} is the output folder's target"
-            )
-    return problems
-
-
-def _grr_checks(index: int, calendar: CalendarConfig, host_names: list[str]) -> list[str]:
-    """Problems of a calendar of kind "grr" (its database, its rooms), or of GRR-only keys."""
-    where = f"calendars[{index}]"
-    if calendar.kind != "grr":
-        grr_only = [key for key in ("unix_socket", "rooms") if getattr(calendar, key)]
-        return [f'{where}.{key}: only for a calendar of kind "grr"' for key in grr_only]
-    problems = []
-    problem = url_problem(calendar.url)
-    if problem is not None:
-        problems.append(f"{where}.url: {problem}")
-    if calendar.username is None:
-        problems.append(f"{where}.username: a grr calendar needs the database account's name")
-    if calendar.password_file is None and calendar.password_credential is None:
-        problems.append(f"{where}.password_file: set it or password_credential (the account's)")
-    if calendar.host is not None:
-        problems.append(f"{where}.host: a grr calendar gives each room's host in rooms")
-    if calendar.user_from == "attendee":
-        problems.append(f'{where}.user_from: "summary" or "organizer" for a grr calendar')
-    if not calendar.rooms:
-        problems.append(
-            f'{where}.rooms: which GRR rooms are which hosts, e.g. {{ "GPU 1" = "gpu1" }}'
-        )
-    for room, host in calendar.rooms.items():
-        if host not in host_names:
-            problems.append(f"{where}.rooms.{room}: {host!r} is not one of the [[hosts]]")
-        if room.startswith("#") and not room[1:].isdigit():
-            problems.append(f"{where}.rooms.{room}: '#' and a room id (digits), or a room name")
-    return problems
-
-
-def _storage_checks(config: Config) -> list[str]:
-    """[storage] problems that involve more than one key (see gpuresa/outputs/)."""
-    storage = config.storage
-    problems = []
-    if storage.sftp_port and not storage.output_pattern.startswith("{user}/"):
-        problems.append(
-            'storage.output_pattern: must start with "{user}/" so that the output service '
-            "can confine each login to its own folder (or set storage.sftp_port = 0)"
-        )
-    for index, host in enumerate(config.hosts):
-        for name in ("ssh_ports", "ftp_ports", "ftp_passive_ports"):
-            if storage.sftp_port in getattr(host, name):
-                problems.append(
-                    f"storage.sftp_port: {storage.sftp_port} is in hosts[{index}].{name}"
-                )
-    if (storage.ftp_tls_cert is None) != (storage.ftp_tls_key is None):
-        problems.append("storage.ftp_tls_cert and storage.ftp_tls_key: set both or neither")
-    # a share and a size compare only on a given disk: checked when both are of a kind
-    refuse, warn = storage.free_refuse, storage.free_warn
-    shares = isinstance(refuse, Share) and isinstance(warn, Share) and refuse > warn
-    sizes = isinstance(refuse, Size) and isinstance(warn, Size) and refuse > warn
-    if shares or sizes:
-        problems.append(
-            f"storage.free_refuse: '{refuse}' is more than storage.free_warn "
-            f"('{warn}'); sessions would be refused before anyone is warned"
-        )
-    return problems
-
-
 def parse_config(data: Mapping[str, Any], source: str = "<config>") -> Config:
     """Build a `Config` from parsed TOML; raises `ConfigError` listing every problem."""
     loader = Loader()
@@ -550,20 +271,10 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>") -> Config:
     document["source"] = source
     config = loader.load(Config, document)
     if config is not None:
-        loader.problems.extend(_cross_checks(config))
+        loader.problems.extend(cross_checks(config))
     if loader.problems or config is None:
         raise ConfigError(source, loader.problems)
     return config
-
-
-def config_path(explicit: str | os.PathLike[str] | None = None) -> Path:
-    """The config file to read: --config, else $GPURESA_CONFIG, else the default."""
-    if explicit:
-        return Path(explicit)
-    from_environment = os.environ.get(CONFIG_ENVIRONMENT_VARIABLE)
-    if from_environment:
-        return Path(from_environment)
-    return DEFAULT_CONFIG_PATH
 
 
 def load_config(path: str | os.PathLike[str] | None = None) -> Config:
@@ -586,39 +297,3 @@ def load_config(path: str | os.PathLike[str] | None = None) -> Config:
         # tomllib's message already names the line and column
         raise ConfigError(str(file), [f"TOML syntax error: {error}"]) from None
     return parse_config(data, str(file))
-
-
-def read_secret(
-    key_path: str, file: Path | None, credential: str | None, *, required: bool = True
-) -> str | None:
-    """A password from a file or a systemd credential, never from the config itself.
-
-    `credential` names a file in $CREDENTIALS_DIRECTORY (systemd's LoadCredential=).
-    Returns None when neither is set and `required` is false; raises `UserError`
-    naming `key_path` otherwise.
-    """
-    if credential:
-        directory = os.environ.get("CREDENTIALS_DIRECTORY")
-        if not directory:
-            raise UserError(
-                f"{key_path}: credential {credential!r} is configured but "
-                "$CREDENTIALS_DIRECTORY is not set (use LoadCredential= in the systemd unit, "
-                "or a password_file)"
-            )
-        file = Path(directory) / credential
-    if file is None:
-        if required:
-            raise UserError(f"{key_path}: no password_file or password_credential is set")
-        return None
-    try:
-        return file.read_text(encoding="utf-8").rstrip("\r\n")
-    except OSError as error:
-        raise UserError(f"{key_path}: cannot read secret file {file}: {error.strerror}") from None
-
-
-def example_text() -> str:
-    """The documented example configuration (`config.example.toml`)."""
-    packaged = Path(__file__).parents[1] / "config.example.toml"
-    if packaged.exists():
-        return packaged.read_text(encoding="utf-8")
-    return (Path(__file__).parents[2] / "config.example.toml").read_text(encoding="utf-8")

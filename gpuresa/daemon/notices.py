@@ -19,16 +19,16 @@ from gpuresa.errors import UserError
 from gpuresa.gpus.findings import GpuLostFromHost, GpuLostInSession, IdleBooking, UnbookedProcess
 from gpuresa.mail.notices import (
     SUBJECT_PREFIX,
-    Notifier,
     cancel_message,
     end_message,
     failure_message,
-    one_line,
     rejection_message,
     start_message,
     warning_message,
 )
 from gpuresa.mail.outbox import Outbox
+from gpuresa.mail.smtp import Notifier
+from gpuresa.mail.wording import one_line
 from gpuresa.model import Rejection, Session
 from gpuresa.outputs.messages import end_details, start_details
 

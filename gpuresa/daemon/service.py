@@ -36,8 +36,8 @@ from gpuresa.gpus.tracker import HostInspector
 from gpuresa.gpus.usage_store import USAGE_FILE, UsageStore
 from gpuresa.journal.guard import open_journal
 from gpuresa.journal.store import Journal
-from gpuresa.mail.notices import Notifier
 from gpuresa.mail.outbox import Outbox
+from gpuresa.mail.smtp import Notifier
 from gpuresa.model import Session
 from gpuresa.observe.server import ObservationServer
 from gpuresa.outputs.disk import disk_warnings

@@ -17,8 +17,8 @@ from gpuresa.config.sections import Config
 from gpuresa.daemon.notices import Notices
 from gpuresa.daemon.work import Work
 from gpuresa.journal.store import Journal
-from gpuresa.mail.notices import Notifier
 from gpuresa.mail.outbox import Outbox
+from gpuresa.mail.smtp import Notifier
 from gpuresa.model import Rejection
 from gpuresa.outputs.duties import OutputDuties
 from gpuresa.outputs.service import OutputService

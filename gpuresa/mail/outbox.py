@@ -30,7 +30,8 @@ from datetime import UTC, datetime, timedelta
 from gpuresa.config.schema import format_duration
 from gpuresa.journal.outbox import OutboxMessage
 from gpuresa.journal.store import Journal
-from gpuresa.mail.notices import Notifier, NotifyError, one_line, valid_address
+from gpuresa.mail.smtp import Notifier, NotifyError, valid_address
+from gpuresa.mail.wording import one_line
 
 log = logging.getLogger(__name__)
 

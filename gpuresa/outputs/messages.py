@@ -1,6 +1,6 @@
 """The words of the outputs: what the start and end e-mails add, and the notices of their own.
 
-Pure functions, in the style of `gpuresa.mail.notices` (which sends them): given the
+Pure functions, in the style of `gpuresa.mail.notices` (sent the same way): given the
 config, a session or an output folder and the site's time zone, they return
 text or (subject, body). Reading the host CA and the FTPS certificate
 (`start_details`) is the only file access.
@@ -12,7 +12,8 @@ from datetime import datetime
 
 from gpuresa.config.sections import Config
 from gpuresa.errors import UserError
-from gpuresa.mail.notices import SUBJECT_PREFIX, format_remaining, format_time, one_line
+from gpuresa.mail.notices import SUBJECT_PREFIX
+from gpuresa.mail.wording import format_remaining, format_time, one_line
 from gpuresa.model import Session
 from gpuresa.outputs.credentials import HostCredentials
 from gpuresa.outputs.disk import DiskState

@@ -27,8 +27,10 @@ import re
 from collections.abc import Mapping
 from datetime import timedelta, tzinfo
 
+from gpuresa.config.calendar_sections import CalendarConfig
+from gpuresa.config.names import LOGIN
 from gpuresa.config.schema import format_duration
-from gpuresa.config.sections import LOGIN, CalendarConfig, Config
+from gpuresa.config.sections import Config
 from gpuresa.ical.occurrence import Occurrence, Problem
 from gpuresa.ical.text import Component, unescape_text
 from gpuresa.ical.values import read_stamp

@@ -21,7 +21,8 @@ from datetime import datetime
 from types import MappingProxyType
 from zoneinfo import ZoneInfo
 
-from gpuresa.config.sections import CalendarConfig, Config
+from gpuresa.config.calendar_sections import CalendarConfig
+from gpuresa.config.sections import Config
 from gpuresa.ical.events import expand
 from gpuresa.ical.text import ParsedObject, parse_object
 from gpuresa.ical.window import outside_window

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import unquote, urlsplit
 
-from gpuresa.config.sections import CalendarConfig, ReservationsConfig
+from gpuresa.config.calendar_sections import CalendarConfig, ReservationsConfig
 from gpuresa.errors import UserError
 
 

@@ -36,7 +36,8 @@ from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 from xml.sax.saxutils import escape
 
-from gpuresa.config.sections import CalendarConfig, read_secret
+from gpuresa.config.calendar_sections import CalendarConfig
+from gpuresa.config.loading import read_secret
 from gpuresa.errors import UserError
 from gpuresa.reservations.sources import (
     PollResult,

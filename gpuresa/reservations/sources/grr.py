@@ -34,7 +34,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from gpuresa.config.sections import CalendarConfig
+from gpuresa.config.calendar_sections import CalendarConfig
 from gpuresa.errors import UserError
 from gpuresa.reservations.sources import PollResult, SourceError, one_line
 from gpuresa.reservations.sources.grr_connection import connect, describe

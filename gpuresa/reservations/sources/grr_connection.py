@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from gpuresa.config.calendar_sections import CalendarConfig
 from gpuresa.config.database import parse_url
-from gpuresa.config.sections import CalendarConfig, read_secret
+from gpuresa.config.loading import read_secret
 
 if TYPE_CHECKING:
     from pymysql.connections import Connection

@@ -25,7 +25,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import urlsplit
 
-from gpuresa.config.sections import CalendarConfig, read_secret
+from gpuresa.config.calendar_sections import CalendarConfig
+from gpuresa.config.loading import read_secret
 from gpuresa.errors import UserError
 from gpuresa.reservations.sources import (
     PollResult,
