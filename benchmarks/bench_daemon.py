@@ -46,7 +46,8 @@ from daemon_stage import write_config as write_stage_config
 from support.configs import CalDav, free_ports, write_daemon_config
 from test_daemon_cli import ics_event
 
-from gpuresa.config.sections import Config, load_config
+from gpuresa.config.reading import load_config
+from gpuresa.config.sections import Config
 from gpuresa.outputs.service import OutputService
 from gpuresa.runtime import Runtime
 

@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
 from grr_database import GRRDatabase
 
-from gpuresa.config.sections import parse_config
+from gpuresa.config.reading import parse_config
 from gpuresa.reservations.rules import read_reservations
 from gpuresa.reservations.sources import open_source
 

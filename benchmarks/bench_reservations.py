@@ -37,7 +37,8 @@ from zoneinfo import ZoneInfo
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpuresa.config.sections import Config, parse_config
+from gpuresa.config.reading import parse_config
+from gpuresa.config.sections import Config
 from gpuresa.ical import events, text
 from gpuresa.ical.window import outside_window
 from gpuresa.reservations.catalog import template_variants

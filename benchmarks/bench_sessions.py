@@ -44,7 +44,8 @@ import docker
 import docker.errors
 import paramiko
 
-from gpuresa.config.sections import Config, parse_config
+from gpuresa.config.reading import parse_config
+from gpuresa.config.sections import Config
 from gpuresa.model import SessionSpec
 from gpuresa.runtime import Runtime
 from gpuresa.runtime.engines import PODMAN_SOCKET

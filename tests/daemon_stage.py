@@ -19,7 +19,8 @@ from conftest import TEST_HOST
 from support.configs import write_daemon_config
 from test_daemon_cli import ics_event
 
-from gpuresa.config.sections import Config, load_config
+from gpuresa.config.reading import load_config
+from gpuresa.config.sections import Config
 from gpuresa.runtime import Runtime
 
 # Programs a hostile user replaces in their session with ones that never return.

@@ -22,7 +22,8 @@ import pytest
 from test_runtime import free_block
 
 from gpuresa.backends.slurm import SlurmBackend
-from gpuresa.config.sections import Config, parse_config
+from gpuresa.config.reading import parse_config
+from gpuresa.config.sections import Config
 from gpuresa.model import SessionSpec
 
 NODE = subprocess.run(["hostname", "-s"], capture_output=True, text=True).stdout.strip()

@@ -22,7 +22,8 @@ from gpuresa.access import (
     ftp_credentials,
     key_sources,
 )
-from gpuresa.config.sections import UsersConfig, parse_config
+from gpuresa.config.reading import parse_config
+from gpuresa.config.sections import UsersConfig
 
 ED25519 = (
     "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIG9rZXlrZXlrZXlrZXlrZXlrZXlrZXlrZXlrZXlrZXk alice@laptop"

@@ -18,7 +18,7 @@ import pytest
 from conftest import BASE_IMAGE, TEST_HOST, DockerHarness
 
 from gpuresa.cli import main
-from gpuresa.config.sections import load_config
+from gpuresa.config.reading import load_config
 from gpuresa.journal.store import Journal
 from gpuresa.model import Reservation, Session
 from gpuresa.runtime import Runtime

@@ -16,8 +16,9 @@ import pytest
 from gpuresa.cli import main
 from gpuresa.config import calendar_sections, reporting_sections, sections
 from gpuresa.config.loading import read_secret
+from gpuresa.config.reading import load_config, parse_config
 from gpuresa.config.schema import Invalid, PortRange, format_duration, parse_duration
-from gpuresa.config.sections import Config, load_config, parse_config
+from gpuresa.config.sections import Config
 from gpuresa.errors import ConfigError, UserError
 
 ROOT = Path(__file__).parents[1]

@@ -21,7 +21,7 @@ import pytest
 from conftest import TEST_HOST, DockerHarness
 from support.configs import write_daemon_config
 
-from gpuresa.config.sections import load_config
+from gpuresa.config.reading import load_config
 from gpuresa.runtime import Runtime
 
 

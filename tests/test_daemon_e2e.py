@@ -30,7 +30,8 @@ from conftest import (
 from support.configs import free_ports
 from support.waiting import wait_for
 
-from gpuresa.config.sections import Config, load_config
+from gpuresa.config.reading import load_config
+from gpuresa.config.sections import Config
 from gpuresa.journal.store import Journal
 from gpuresa.model import Session
 from gpuresa.outputs.service import OutputService

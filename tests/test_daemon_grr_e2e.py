@@ -18,7 +18,7 @@ from grr_database import SOCKET, GRRDatabase
 from support.waiting import wait_for
 from test_daemon_e2e import Stack, mail_matching, make_stack, next_second
 
-from gpuresa.config.sections import load_config
+from gpuresa.config.reading import load_config
 from gpuresa.journal.store import Journal
 
 

@@ -26,7 +26,7 @@ from daemon_stage import (
 )
 from test_daemon_cli import ics_event
 
-from gpuresa.config.sections import load_config
+from gpuresa.config.reading import load_config
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from conftest import SMTPServer
 
-from gpuresa.config.sections import parse_config
+from gpuresa.config.reading import parse_config
 from gpuresa.daemon.state import Context
 from gpuresa.journal.guard import open_journal
 from gpuresa.mail.outbox import Outbox

@@ -20,7 +20,7 @@ from conftest import TEST_HOST, DockerHarness, SMTPServer, free_port
 from support.waiting import wait_for
 from test_daemon_cli import ics_event, write_ics_config
 
-from gpuresa.config.sections import load_config
+from gpuresa.config.reading import load_config
 from gpuresa.daemon import Daemon, session_record
 from gpuresa.errors import UserError
 from gpuresa.journal.store import Journal

@@ -27,7 +27,7 @@ from support.waiting import wait_for
 from test_daemon_cli import ics_event, write_ics_config
 from test_daemon_outages import wait_until_running
 
-from gpuresa.config.sections import load_config
+from gpuresa.config.reading import load_config
 from gpuresa.daemon import Daemon
 from gpuresa.daemon.observing import held_back, planning_inventory
 from gpuresa.gpus.telemetry import Telemetry

@@ -10,7 +10,7 @@ import pytest
 
 from gpuresa.commands import demo
 from gpuresa.commands.demo import STATUS_PORT, status_page, write_demo
-from gpuresa.config.sections import load_config
+from gpuresa.config.reading import load_config
 
 NOW = datetime(2026, 11, 22, 20, 0, tzinfo=UTC)
 

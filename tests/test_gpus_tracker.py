@@ -301,7 +301,7 @@ def test_history_shows_the_average_gpu_use_of_ended_sessions(tmp_path: Path) -> 
     """`gpuresa history` reads the sampler's store next to the journal."""
     import sys
 
-    from gpuresa.config.sections import load_config
+    from gpuresa.config.reading import load_config
     from gpuresa.daemon import journal_path
     from gpuresa.journal.store import Journal
 

@@ -26,7 +26,7 @@ import pytest
 from conftest import BASE_IMAGE, DockerHarness
 from test_runtime import Site, built_fixture, make_site, port_free, ssh_login
 
-from gpuresa.config.sections import parse_config
+from gpuresa.config.reading import parse_config
 from gpuresa.mail.notices import start_message
 from gpuresa.model import Session
 from gpuresa.outputs.host_ca import CERTIFICATE, HOST_KEY, PUBLIC, HostCA

@@ -98,7 +98,7 @@ def euid_through(shell: Path, uid: int) -> str:
 
 
 def config_at(root: Path) -> Site:
-    from gpuresa.config.sections import parse_config
+    from gpuresa.config.reading import parse_config
 
     config = parse_config({"storage": {"output_root": str(root / "output")}}, "test.toml")
     return Site(root, config, None)

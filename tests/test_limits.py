@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from gpuresa.cli import main
+from gpuresa.config.reading import parse_config
 from gpuresa.config.schema import Share, Size
-from gpuresa.config.sections import LimitsConfig, parse_config
+from gpuresa.config.sections import LimitsConfig
 from gpuresa.errors import ConfigError
 from gpuresa.runtime.limits import (
     MIN_SESSION_CPUS,

@@ -23,7 +23,8 @@ import pytest
 
 import gpuresa.runtime  # noqa: F401  (first: outputs.handover alone imports in a cycle)
 from gpuresa.access import host_account
-from gpuresa.config.sections import Config, parse_config
+from gpuresa.config.reading import parse_config
+from gpuresa.config.sections import Config
 from gpuresa.model import Session
 from gpuresa.outputs.handover import finish_output
 from gpuresa.outputs.owners import output_owner, prepare_login_folder, private_group

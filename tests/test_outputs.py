@@ -27,8 +27,9 @@ from test_runtime import make_site, run, ssh_login
 from gpuresa.access import Account
 from gpuresa.cli import main
 from gpuresa.commands.daemon_commands import status_report
+from gpuresa.config.reading import parse_config
 from gpuresa.config.schema import Share, Size
-from gpuresa.config.sections import StorageConfig, parse_config
+from gpuresa.config.sections import StorageConfig
 from gpuresa.daemon import journal_path
 from gpuresa.errors import ConfigError
 from gpuresa.journal.store import Journal

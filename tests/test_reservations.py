@@ -13,7 +13,8 @@ import pytest
 from support.configs import config_of
 
 from gpuresa.cli import main
-from gpuresa.config.sections import Config, parse_config
+from gpuresa.config.reading import parse_config
+from gpuresa.config.sections import Config
 from gpuresa.model import Rejection, Reservation, ReservationSet
 from gpuresa.reservations.conflicts import host_gpu_count, resolve_conflicts
 from gpuresa.reservations.rules import read_calendar, read_reservations
@@ -677,7 +678,7 @@ def test_reservations_command_shows_the_last_snapshot_when_the_source_fails(
     config_path = write_config(
         tmp_path, f'name = "lab"\nkind = "ics"\nurl = "{folder}"\nhost = "gpu1"'
     )
-    from gpuresa.config.sections import load_config
+    from gpuresa.config.reading import load_config
     from gpuresa.reservations.sources import open_source
 
     config = load_config(config_path)

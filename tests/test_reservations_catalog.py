@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuresa.config.sections import Config, parse_config
+from gpuresa.config.reading import parse_config
+from gpuresa.config.sections import Config
 from gpuresa.reservations.catalog import (
     TemplateError,
     load_templates,

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_reservations import VARIANTS, WINDOW, event, make_config, seen
 
-from gpuresa.config.sections import Config, parse_config
+from gpuresa.config.reading import parse_config
+from gpuresa.config.sections import Config
 from gpuresa.model import Reservation, Session
 from gpuresa.planning.actions import Prepare, Recreate, Start
 from gpuresa.planning.facts import Inventory, Memory

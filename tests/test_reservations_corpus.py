@@ -19,7 +19,8 @@ import icalendar
 import pytest
 import recurring_ical_events
 
-from gpuresa.config.sections import Config, parse_config
+from gpuresa.config.reading import parse_config
+from gpuresa.config.sections import Config
 from gpuresa.ical.events import expand
 from gpuresa.ical.text import parse_object
 from gpuresa.model import ReservationSet

@@ -39,7 +39,8 @@ from ftps_client import Ftps, FtpsError
 from support.configs import free_ports
 
 from gpuresa.cli import main
-from gpuresa.config.sections import Config, parse_config
+from gpuresa.config.reading import parse_config
+from gpuresa.config.sections import Config
 from gpuresa.model import Session, SessionSpec
 from gpuresa.planning.allocation import AllocationError
 from gpuresa.runtime import Runtime, RuntimeUnavailable, SessionError, processes

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gpuresa.config.sections import parse_config
+from gpuresa.config.reading import parse_config
 from gpuresa.model import SessionSpec
 from gpuresa.outputs import tree
 from gpuresa.runtime import SessionError

@@ -421,7 +421,8 @@ def test_names_are_docker_safe_and_carry_the_host() -> None:
 def test_safe_keys_are_safe_and_never_collide(first: str, second: str) -> None:
     for key in (first, second):
         made = safe_key(key)
-        assert made and len(made) <= 49
+        # up to 40 readable characters, a dash and 20 hex digits
+        assert made and len(made) <= 61
         assert all(character in "abcdefghijklmnopqrstuvwxyz0123456789_.-" for character in made)
         assert not made.startswith(("-", "."))
     if first != second:

@@ -18,7 +18,7 @@ import pytest
 from conftest import DockerHarness, SMTPServer
 from test_runtime import Site, host_login, make_site, run, ssh_login
 
-from gpuresa.config.sections import parse_config
+from gpuresa.config.reading import parse_config
 from gpuresa.daemon.notices import Notices
 from gpuresa.journal.guard import open_journal
 from gpuresa.mail.notices import FTP_PASSWORD_PATH

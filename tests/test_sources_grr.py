@@ -15,7 +15,8 @@ import pytest
 from grr_database import PORT, GRRDatabase
 
 from gpuresa.cli import main
-from gpuresa.config.sections import Config, parse_config
+from gpuresa.config.reading import parse_config
+from gpuresa.config.sections import Config
 from gpuresa.errors import ConfigError
 from gpuresa.model import ReservationSet
 from gpuresa.reservations.calendars import Calendars

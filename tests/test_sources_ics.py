@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from gpuresa.config.calendar_sections import CalendarConfig
-from gpuresa.config.sections import parse_config
+from gpuresa.config.reading import parse_config
 from gpuresa.reservations.sources import SourceError, open_source, shown_url
 from gpuresa.reservations.sources.ics import ICSSource
 

@@ -19,7 +19,8 @@ from conftest import BASE_IMAGE
 from support.configs import config_of
 
 from gpuresa.cli import main
-from gpuresa.config.sections import Config, parse_config
+from gpuresa.config.reading import parse_config
+from gpuresa.config.sections import Config
 from gpuresa.reservations.catalog import template_variants
 from gpuresa.runtime import Runtime, SessionError
 from gpuresa.runtime.templates import (

@@ -28,7 +28,7 @@ from test_runtime import free_block
 from gpuresa.access import host_account
 from gpuresa.backends.factory import open_backend
 from gpuresa.backends.udocker import UdockerBackend, launch
-from gpuresa.config.sections import parse_config
+from gpuresa.config.reading import parse_config
 from gpuresa.gpus.cgroups import container_of
 from gpuresa.model import Session
 from gpuresa.runtime import SessionError

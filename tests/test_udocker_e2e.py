@@ -29,7 +29,8 @@ from test_daemon_cli import ics_event
 
 from gpuresa.backends.factory import open_backend
 from gpuresa.backends.udocker import UdockerBackend
-from gpuresa.config.sections import Config, load_config
+from gpuresa.config.reading import load_config
+from gpuresa.config.sections import Config
 
 GRACE = 2
 

@@ -34,8 +34,9 @@ from gpuresa.bench.workloads import (
 )
 from gpuresa.commands.session_commands import parse_gpu_list
 from gpuresa.commands.template_commands import docker_errors
+from gpuresa.config.reading import load_config
 from gpuresa.config.schema import Invalid, parse_duration
-from gpuresa.config.sections import Config, load_config
+from gpuresa.config.sections import Config
 from gpuresa.errors import UserError
 from gpuresa.model import Reservation, bench_key
 from gpuresa.planning.facts import Inventory

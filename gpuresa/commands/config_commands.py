@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from gpuresa.config.loading import example_text
+from gpuresa.config.reading import load_config
 from gpuresa.config.schema import PortRange, Share, Size, format_duration
-from gpuresa.config.sections import Config, load_config
+from gpuresa.config.sections import Config
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from gpuresa.backends.factory import open_backend
+from gpuresa.config.reading import load_config
 from gpuresa.config.schema import Invalid, parse_duration
-from gpuresa.config.sections import Config, load_config
+from gpuresa.config.sections import Config
 from gpuresa.errors import UserError
 from gpuresa.inert import echo
 from gpuresa.journal.store import Journal

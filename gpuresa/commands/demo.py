@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from gpuresa.config.sections import Config, load_config
+from gpuresa.config.reading import load_config
+from gpuresa.config.sections import Config
 from gpuresa.errors import UserError
 from gpuresa.model import Session
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from gpuresa.backends.factory import open_backend
 from gpuresa.commands.template_commands import docker_errors
-from gpuresa.config.sections import load_config
+from gpuresa.config.reading import load_config
 from gpuresa.errors import UserError
 from gpuresa.inert import echo
 from gpuresa.outputs.disk import disk_warnings

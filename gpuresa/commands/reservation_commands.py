@@ -12,7 +12,8 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from gpuresa.config.calendar_sections import CalendarConfig
-from gpuresa.config.sections import Config, load_config
+from gpuresa.config.reading import load_config
+from gpuresa.config.sections import Config
 from gpuresa.errors import UserError
 from gpuresa.inert import echo, inert
 from gpuresa.model import Rejection, Reservation, ReservationSet

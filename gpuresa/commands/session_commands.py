@@ -15,8 +15,9 @@ from zoneinfo import ZoneInfo
 
 from gpuresa.backends.factory import open_backend
 from gpuresa.commands.template_commands import docker_errors
+from gpuresa.config.reading import load_config
 from gpuresa.config.schema import Invalid, parse_duration
-from gpuresa.config.sections import Config, load_config
+from gpuresa.config.sections import Config
 from gpuresa.errors import UserError
 from gpuresa.inert import echo
 from gpuresa.model import AD_HOC_PREFIX, Session

@@ -6,7 +6,7 @@ import argparse
 import contextlib
 from collections.abc import Iterator
 
-from gpuresa.config.sections import load_config
+from gpuresa.config.reading import load_config
 from gpuresa.errors import UserError
 from gpuresa.runtime import Runtime, RuntimeUnavailable
 from gpuresa.runtime.templates import available_templates, resolve_template, templates_directory

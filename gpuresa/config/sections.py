@@ -11,22 +11,17 @@ a file in one pass.
 
 from __future__ import annotations
 
-import os
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from gpuresa.config.calendar_sections import CalendarConfig, DaemonConfig, ReservationsConfig
-from gpuresa.config.checks import cross_checks
-from gpuresa.config.loading import CONFIG_ENVIRONMENT_VARIABLE, config_path
 from gpuresa.config.names import NAME, valid_login_keys
 from gpuresa.config.reporting_sections import NotifyConfig, TelemetryConfig
 from gpuresa.config.schema import (
     Field,
-    Loader,
     PortRange,
     Share,
     Size,
@@ -34,7 +29,7 @@ from gpuresa.config.schema import (
     matches,
     positive_duration,
 )
-from gpuresa.errors import ConfigError, UserError
+from gpuresa.errors import UserError
 
 
 def _gpu_indices(value: tuple[int, ...] | str) -> str | None:
@@ -260,40 +255,3 @@ class Config:
                 return calendar
         known = ", ".join(calendar.name for calendar in self.calendars) or "none"
         raise UserError(f"no calendar is named {name!r} (configured: {known})")
-
-
-def parse_config(data: Mapping[str, Any], source: str = "<config>") -> Config:
-    """Build a `Config` from parsed TOML; raises `ConfigError` listing every problem."""
-    loader = Loader()
-    if "source" in data:
-        loader.problem("source", "unknown key")
-    document = dict(data)
-    document["source"] = source
-    config = loader.load(Config, document)
-    if config is not None:
-        loader.problems.extend(cross_checks(config))
-    if loader.problems or config is None:
-        raise ConfigError(source, loader.problems)
-    return config
-
-
-def load_config(path: str | os.PathLike[str] | None = None) -> Config:
-    """Read and check the config file; raises `UserError`/`ConfigError` with advice."""
-    file = config_path(path)
-    try:
-        raw = file.read_bytes()
-    except FileNotFoundError:
-        raise UserError(
-            f"{file}: no such config file; copy one from `gpuresa config example` "
-            f"or pass --config PATH (or set {CONFIG_ENVIRONMENT_VARIABLE})"
-        ) from None
-    except OSError as error:
-        raise UserError(f"{file}: cannot read the config file: {error.strerror}") from None
-    try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as error:
-        raise ConfigError(str(file), [f"not UTF-8 text ({error.reason})"]) from None
-    except tomllib.TOMLDecodeError as error:
-        # tomllib's message already names the line and column
-        raise ConfigError(str(file), [f"TOML syntax error: {error}"]) from None
-    return parse_config(data, str(file))

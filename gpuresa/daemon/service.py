@@ -26,7 +26,8 @@ from zoneinfo import ZoneInfo
 
 from gpuresa import systemd
 from gpuresa.backends.protocol import SessionBackend
-from gpuresa.config.sections import Config, load_config
+from gpuresa.config.reading import load_config
+from gpuresa.config.sections import Config
 from gpuresa.daemon.loop import Loop
 from gpuresa.daemon.sampling import Sampler
 from gpuresa.daemon.state import Context, utc_now

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuresa.commands.demo import free_port_block
-from gpuresa.config.sections import Config, parse_config
+from gpuresa.config.reading import parse_config
+from gpuresa.config.sections import Config
 
 BASE_IMAGE = "gpuresa/base:bookworm"
 
