@@ -27,7 +27,12 @@ from gpuresa.runtime.limits import HostTotals, totals_from_info
 from gpuresa.runtime.lookup import Found, by_role, session_from
 from gpuresa.runtime.payload import HOST_LABEL, KEY_LABEL, session_name
 from gpuresa.runtime.records import EndRecords
-from gpuresa.runtime.session_files import HOST_KEYS_FOLDER, SessionFacts, SessionFiles
+from gpuresa.runtime.session_files import (
+    HOST_KEYS_FOLDER,
+    SessionFacts,
+    SessionFiles,
+    session_facts,
+)
 from gpuresa.runtime.specs import check_spec
 
 if TYPE_CHECKING:
@@ -118,15 +123,8 @@ class HostSessions:
     # --- what a session shows and where it is reached ---------------------------------------
 
     def facts(self, session: Session | SessionSpec) -> SessionFacts:
-        storage = self.config.storage
-        return SessionFacts(
-            user=session.user,
-            template=session.template,
-            cuda=session.cuda,
-            gpus=session.gpus,
-            end=self.ends.recorded(session.key) or session.end,
-            output_target=storage.output_target,
-            input_targets=tuple(mount.target for mount in storage.inputs),
+        return session_facts(
+            self.config.storage, session, self.ends.recorded(session.key) or session.end
         )
 
     def show_facts(self, key: str, session: Session) -> None:

@@ -43,7 +43,9 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePath
 from zoneinfo import ZoneInfo
 
+from gpuresa.config.sections import StorageConfig
 from gpuresa.mail.notices import FTP_PASSWORD_PATH, printable
+from gpuresa.model import Session, SessionSpec
 from gpuresa.runtime.errors import SessionError
 from gpuresa.runtime.payload import safe_key, utc_text
 
@@ -86,6 +88,21 @@ class SessionFacts:
     end: datetime
     output_target: PurePath
     input_targets: Sequence[PurePath] = ()
+
+
+def session_facts(
+    storage: StorageConfig, session: Session | SessionSpec, end: datetime
+) -> SessionFacts:
+    """What a session shows its user, with `end` its latest end (a recorded extension)."""
+    return SessionFacts(
+        user=session.user,
+        template=session.template,
+        cuda=session.cuda,
+        gpus=session.gpus,
+        end=end,
+        output_target=storage.output_target,
+        input_targets=tuple(mount.target for mount in storage.inputs),
+    )
 
 
 def banner_text(facts: SessionFacts, timezone: str) -> str:

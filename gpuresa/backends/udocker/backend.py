@@ -42,7 +42,7 @@ from gpuresa.runtime.limits import SessionLimits, local_totals, session_limits
 from gpuresa.runtime.output import output_path
 from gpuresa.runtime.payload import MAIN_ROLE, SESSION_FILES_TARGET, safe_key, utc_text
 from gpuresa.runtime.records import EndRecords
-from gpuresa.runtime.session_files import SessionFacts, SessionFiles, end_text
+from gpuresa.runtime.session_files import SessionFacts, SessionFiles, end_text, session_facts
 from gpuresa.runtime.specs import check_spec, new_spec
 from gpuresa.runtime.templates import resolve_template
 
@@ -561,15 +561,8 @@ class UdockerBackend:
         log.info("%s: now ends at %s", key, utc_text(end))
 
     def facts(self, session: Session | SessionSpec) -> SessionFacts:
-        storage = self.config.storage
-        return SessionFacts(
-            user=session.user,
-            template=session.template,
-            cuda=session.cuda,
-            gpus=session.gpus,
-            end=self.ends.recorded(session.key) or session.end,
-            output_target=storage.output_target,
-            input_targets=tuple(mount.target for mount in storage.inputs),
+        return session_facts(
+            self.config.storage, session, self.ends.recorded(session.key) or session.end
         )
 
     def cleanup(self, busy: Collection[str]) -> list[str]:
