@@ -11,9 +11,11 @@ already exited; each of its calls is bounded by the engine's timeout.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import signal
+import socket
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -113,10 +115,44 @@ def remove_containers(engine: Engine, key: str, found: Found) -> None:
             for container in found.all
         ]
     )
+    deadline = time.monotonic() + PORTS_FREED_WITHIN
     left = processes.wait_exited(keepers, PORTS_FREED_WITHIN)
     if left:
         log.warning("%s: the engine still holds the session's ports (conmon %s)", key,
                     sorted(left))  # fmt: skip
+    # and, whoever holds them (Podman's service keeps a port it reserved for a container
+    # that failed to start a moment longer than that container's conmon), until they are free
+    held = [binding for binding in published(found) if not bindable(*binding)]
+    while held and time.monotonic() < deadline:
+        time.sleep(0.05)
+        held = [binding for binding in held if not bindable(*binding)]
+    if held:
+        log.warning("%s: ports still held after the removal: %s", key,
+                    ", ".join(f"{address}:{port}" for address, port in held))  # fmt: skip
+
+
+def published(found: Found) -> list[tuple[str, int]]:
+    """The (address, port) pairs a session's containers had published on the host."""
+    pairs = []
+    for container in found.all:
+        bindings = (container.get("HostConfig") or {}).get("PortBindings") or {}
+        for entries in bindings.values():
+            for entry in entries or ():
+                with contextlib.suppress(KeyError, TypeError, ValueError):
+                    pairs.append((str(entry.get("HostIp") or "0.0.0.0"), int(entry["HostPort"])))
+    return pairs
+
+
+def bindable(address: str, port: int) -> bool:
+    """Whether a listener could bind `address:port` now (TIME_WAIT connections do not count)."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((address, port))
+        except OSError:
+            return False
+    return True
 
 
 def in_parallel(calls: Sequence[Callable[[], object]]) -> None:
