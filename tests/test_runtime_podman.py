@@ -8,8 +8,10 @@ hostile steps run on both engines: the Docker run shows the test can fail.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -60,10 +62,19 @@ def test_two_sessions_of_one_login_get_host_ids_of_their_own_on_podman(site: Sit
     assert owner_first == host_uid(site, first, uid)
     assert owner_second == host_uid(site, second, uid)
 
-    # a path both sessions see (a hard link made by the host's root, standing for any
-    # folder two sessions share): the second session's root tries to change the file
+    # a file of the first session's ids where the second sees it (a hard link made by the
+    # host's root, standing for any folder two sessions share; where each output is a
+    # filesystem of its own no link can join them, and a copy keeps the owner): the
+    # second session's root tries to change the file
     shared = second_output / "shared.txt"
-    os.link(first_output / "result.txt", shared)
+    original = (first_output / "result.txt").stat()
+    try:
+        os.link(first_output / "result.txt", shared)
+    except OSError as error:
+        assert error.errno == errno.EXDEV, error
+        shutil.copyfile(first_output / "result.txt", shared)
+        os.chown(shared, original.st_uid, original.st_gid)
+        os.chmod(shared, 0o644)
     with ssh_login(second, "alice", site.key("alice")) as client:
         code, output = run(client, "sudo -n sh -c 'echo changed >> /output/shared.txt' 2>&1")
         chown_code, _ = run(client, "sudo -n chown root /output/shared.txt 2>&1")
@@ -76,12 +87,12 @@ def test_two_sessions_of_one_login_get_host_ids_of_their_own_on_podman(site: Sit
         # the file's owner is not mapped in the second session: its root is nobody there
         assert code != 0 and "Permission denied" in output, output
         assert chown_code != 0
-        assert (first_output / "result.txt").read_text() == "mine\n"
+        assert shared.read_text() == (first_output / "result.txt").read_text() == "mine\n"
     else:
         # userns-remap: one range for all, so the other session's root writes the file
         assert first.id_range == second.id_range and owner_first == owner_second
         assert code == 0 and chown_code == 0
-        assert (first_output / "result.txt").read_text() == "mine\nchanged\n"
+        assert shared.read_text() == "mine\nchanged\n"
 
 
 def test_podman_ranges_survive_a_restart_and_show_in_status(
