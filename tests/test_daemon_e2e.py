@@ -36,6 +36,7 @@ from gpuresa.journal.store import Journal
 from gpuresa.model import Session
 from gpuresa.outputs.service import OutputService
 from gpuresa.runtime import Runtime
+from gpuresa.runtime.output_area import running_path
 
 
 def port_block(size: int) -> int:
@@ -414,7 +415,7 @@ def test_a_booking_on_podman_runs_in_its_own_user_namespace_and_survives_a_kill(
     assert session.ssh_port == port and session.id_range is not None
     assert len(podman_harness.sessions()) == 2
     # written from inside, owned by the login's id in this session's own range
-    (written,) = stack.output_root.rglob("result.txt")
+    written = running_path(stack.config, "podman-1") / "result.txt"
     assert written.stat().st_uid == session.id_range.uid + uid
     from gpuresa.cli import main
 

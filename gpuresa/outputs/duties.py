@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from gpuresa.errors import UserError
 from gpuresa.model import Session
@@ -28,6 +28,9 @@ from gpuresa.outputs.service import OutputService
 from gpuresa.runtime.errors import RuntimeUnavailable, SessionError
 
 log = logging.getLogger(__name__)
+
+# an output record younger than this may be a session being made: not a leftover yet
+PENDING_SETTLE = timedelta(minutes=10)
 
 # (key, kind, login, booking's e-mail, (subject, body)) -> queued
 ToUser = Callable[[str, str, str, "str | None", tuple[str, str]], bool]
@@ -92,9 +95,8 @@ class OutputDuties:
             to_admin(key, "output-hand-over", subject, body)
 
         try:
-            done = retry_pending(
-                self.service.config, {session.key for session in sessions}, report, now
-            )
+            live = {session.key for session in sessions}
+            done = retry_pending(self.service.config, live, report, now, settle=PENDING_SETTLE)
         except OSError as error:
             log.error("hand-overs not retried this round: %s", error)
             return "hand-overs not retried"

@@ -22,8 +22,9 @@ import errno
 import logging
 import os
 import stat
+import time
 from collections.abc import Callable, Collection
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from gpuresa.access import AccessError, host_account
@@ -62,17 +63,28 @@ def finish_output(config: Config, session: Session, now: datetime | None = None)
 
 
 def retry_pending(
-    config: Config, live_keys: Collection[str], report: Report, now: datetime | None = None
+    config: Config,
+    live_keys: Collection[str],
+    report: Report,
+    now: datetime | None = None,
+    *,
+    settle: timedelta = timedelta(0),
 ) -> int:
     """Finish every output left in the running area whose session is gone; returns how many.
 
-    A failure is passed to `report` (the caller tells the admin once per key).
+    `settle`: outputs whose record is younger are left alone (the daemon's
+    view of its sessions may predate a session being made right now, whose
+    record is written before its containers show). A failure is passed to
+    `report` (the caller tells the admin once per key).
     """
     finished = 0
+    moment = now or datetime.now(UTC)
     for item in pending(config):
         if item.key in live_keys:
             continue
-        problem = _finish(config, item, now or datetime.now(UTC))
+        if settle and time.time() - item.written < settle.total_seconds():
+            continue
+        problem = _finish(config, item, moment)
         if problem is None:
             finished += 1
         else:

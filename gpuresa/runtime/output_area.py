@@ -66,6 +66,9 @@ class Pending:
     final: Path
     # the host uid that wrote it from the host (udocker, Slurm), None for a session's container
     writer: int | None = None
+    # when its record was written (seconds since the epoch): a session being made has one
+    # before its containers show
+    written: float = 0.0
 
 
 def area(config: Config) -> Path:
@@ -209,5 +212,9 @@ def pending(config: Config) -> list[Pending]:
         except (OSError, ValueError, KeyError, TypeError) as error:
             log.error("unreadable record of a running output %s: %s", record, error)
             continue
-        found.append(Pending(key, user, stored_path(config, key), final, writer))
+        try:
+            written = record.stat().st_mtime
+        except OSError:
+            written = 0.0
+        found.append(Pending(key, user, stored_path(config, key), final, writer, written))
     return found
