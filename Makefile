@@ -14,8 +14,9 @@ lint: setup
 	$(VENV)/ruff format --check .
 	$(VENV)/mypy
 
+# three workers; tests that share one thing of the machine run on one (tests/conftest.py)
 test: lint
-	$(VENV)/pytest
+	$(VENV)/pytest -n 3 --dist loadgroup
 
 # lint and the tests that need no engine, server or daemon (under a minute)
 test-fast: lint

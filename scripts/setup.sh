@@ -228,6 +228,18 @@ else
     fi
     say "Podman API service answers"
 fi
+# A Podman service killed while removing a container leaves its port forwarding behind
+# (netavark's DNAT rules): a later session published on that port would have its traffic
+# sent to the gone container's address. Drop the rules of containers that no longer exist.
+if command -v iptables >/dev/null 2>&1; then
+    while IFS= read -r rule; do
+        id=$(sed -n 's/.* id: \([0-9a-f]\{64\}\).*/\1/p' <<<"$rule")
+        [ -n "$id" ] || continue
+        podman container exists "$id" 2>/dev/null && continue
+        say "removing the port forwarding of a gone Podman container (${id:0:12})"
+        eval "iptables -t nat ${rule/#-A /-D }" || true
+    done < <(iptables -t nat -S NETAVARK-HOSTPORT-DNAT 2>/dev/null | grep '^-A ' || true)
+fi
 # the base image exists only in Docker: load it into Podman when its recipe changed
 in_podman=$(podman image inspect --format '{{ index .Labels "gpuresa.recipe" }}' \
             "$BASE_IMAGE" 2>/dev/null || true)

@@ -13,6 +13,7 @@ import email
 import email.message
 import email.policy
 import json
+import logging
 import os
 import secrets
 import socket
@@ -84,12 +85,29 @@ SERVICE_FIXTURES = frozenset(
 )
 
 
+# Tests that share one thing of the machine run one after another on the same worker when
+# the suite runs in parallel (pytest-xdist's `--dist loadgroup`): the one Slurm cluster (a
+# booking reserves its whole node), the privileged ports of the default ranges (picked free,
+# then published: two pickers could meet), and udocker (unpacking an image takes both cores).
+SHARED = (
+    ("slurm", ("test_slurm", "[slurm]")),
+    ("privileged-ports", ("test_host_certificates.py",)),
+    ("udocker", ("test_udocker", "[udocker]")),
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test that uses an engine, a server or the daemon `services`."""
+    """Mark every test that uses an engine, a server or the daemon `services`, and group the
+    tests that share one thing of the machine."""
     for item in items:
         uses = SERVICE_FIXTURES.intersection(getattr(item, "fixturenames", ()))
         if uses or item.get_closest_marker("docker") is not None:
             item.add_marker(pytest.mark.services)
+        group = next(
+            (name for name, parts in SHARED if any(part in item.nodeid for part in parts)), None
+        )
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 # --- failure reports -------------------------------------------------------------
@@ -407,6 +425,8 @@ def smtp_server() -> Iterator[SMTPServer]:
     """A real SMTP server on a free port of 127.0.0.1."""
     from aiosmtpd.controller import Controller
 
+    # its conversation, logged at INFO, is noise in every failure report
+    logging.getLogger("mail.log").setLevel(logging.WARNING)
     server = SMTPServer(host="127.0.0.1", port=free_port())
     controller = Controller(_CollectingHandler(server), hostname=server.host, port=server.port)
     controller.start()

@@ -14,9 +14,11 @@ import os
 import stat
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
+from support.configs import config_of
 from test_runtime import (  # noqa: F401  (the fixtures `images` and `docker_site`)
     Site,
     docker_site,
@@ -26,7 +28,13 @@ from test_runtime import (  # noqa: F401  (the fixtures `images` and `docker_sit
     ssh_login,
 )
 
-from gpuresa.outputs.capped import committed_bytes, image_path
+from gpuresa.outputs.capped import (
+    SMALLEST_AUTO_CAP,
+    cap_refusal,
+    committed_bytes,
+    image_path,
+    session_cap,
+)
 from gpuresa.outputs.disk import free_bytes, measure, mount_of, quota_problem
 from gpuresa.outputs.handover import retry_pending
 from gpuresa.outputs.owners import output_owner
@@ -120,3 +128,28 @@ def test_a_cap_beyond_the_free_space_is_refused_with_its_reason(plain_site: Site
     with pytest.raises(Exception, match="cannot hold another session's output cap"):
         runtime.start(site.spec(runtime, "alice"))
     assert not list(image_path(site.config, "x").parent.glob("*.img"))
+
+
+def test_an_auto_cap_is_not_refused_for_what_was_written_since_it_was_measured(
+    tmp_path: Path,
+) -> None:
+    # a booking of every GPU gets all the room: anything written between the cap's
+    # measure and the check (another session, the journal) must not refuse its start
+    config = config_of(
+        {"storage": {"output_root": str(tmp_path / "output"), "session_quota": "auto"},
+         "daemon": {"state_dir": str(tmp_path / "state")}}
+    )  # fmt: skip
+    (tmp_path / "output").mkdir()
+    limit = session_cap(config, booked_gpus=4, host_gpus=4)
+    assert limit is not None and limit > SMALLEST_AUTO_CAP
+    (tmp_path / "output" / "meanwhile").write_bytes(os.urandom(8 << 20))
+    os.sync()
+    assert cap_refusal(config, limit) is None
+    # a room below the smallest cap still refuses, with the disk's state
+    refusal = cap_refusal(config, SMALLEST_AUTO_CAP - 1)
+    assert refusal is not None and "no room for another session's output" in refusal
+    # a size set by the admin is checked against the disk as it is now
+    fixed = dataclasses.replace(config.storage, session_quota="1g")
+    too_big = measure(fixed, config.daemon.state_dir).free + 1
+    refusal = cap_refusal(dataclasses.replace(config, storage=fixed), too_big)
+    assert refusal is not None and "cannot hold another session's output cap" in refusal

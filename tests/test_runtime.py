@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import paramiko
 import pytest
@@ -43,7 +44,7 @@ from gpuresa.config.reading import parse_config
 from gpuresa.config.sections import Config
 from gpuresa.model import Session, SessionSpec
 from gpuresa.planning.allocation import AllocationError
-from gpuresa.runtime import Runtime, RuntimeUnavailable, SessionError, processes
+from gpuresa.runtime import Runtime, RuntimeUnavailable, SessionError, processes, stopping
 from gpuresa.runtime.engine import Engine, EngineRefused
 from gpuresa.runtime.namespaces import require_user_namespaces
 from gpuresa.runtime.output import remap_base
@@ -680,6 +681,25 @@ def test_a_stop_returns_once_the_engine_has_let_go_of_the_ports(
     runtime.stop(session.key, timedelta(0))
     assert processes.wait_exited(keepers, 0) == set()
     assert port_free(session.ssh_port) and port_free(session.ftp_port)
+
+
+def test_a_removal_waits_for_the_engines_ports_not_for_another_programs() -> None:
+    with socket.socket() as squatter, socket.socket() as engine_like:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        engine_like.bind(("127.0.0.1", 0))
+        engine_like.listen()
+        held = [("127.0.0.1", squatter.getsockname()[1]), ("127.0.0.1", 1)]
+        # this test's own listener (comm "python…") is another program: nothing to wait for;
+        # a port with no listener seen here may be the engine's (another namespace's)
+        assert stopping.engine_held(held) == [("127.0.0.1", 1)]
+        port = engine_like.getsockname()[1]
+        assert processes.listening_programs({port}) == {
+            port: {Path("/proc/self/comm").read_text().strip()}
+        }
+        engine = {*stopping.ENGINE_PROGRAMS, Path("/proc/self/comm").read_text().strip()}
+        with mock.patch.object(stopping, "ENGINE_PROGRAMS", frozenset(engine)):
+            assert stopping.engine_held([("127.0.0.1", port)]) == [("127.0.0.1", port)]
 
 
 # --- moving the end, messages -----------------------------------------------------------------

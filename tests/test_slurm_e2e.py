@@ -49,7 +49,7 @@ def write_config(site: SlurmSite) -> Path:
 host = "cluster"
 state_dir = "{site.root / "state"}"
 poll_interval = "1s"
-prepare_ahead = "20s"
+prepare_ahead = "40s"
 stop_grace = "1s"
 warnings = ["30s"]
 [[calendars]]
@@ -118,7 +118,9 @@ def test_a_booking_runs_as_a_slurm_job_and_survives_a_daemon_kill(cluster: Slurm
     config = write_config(cluster)
     user = cluster.users[0]
     now = datetime.now(UTC).replace(microsecond=0)
-    start, end = now + timedelta(seconds=30), now + timedelta(seconds=110)
+    # the reservation is made at once (prepare_ahead 40 s) and seen well before the start,
+    # even on a loaded machine
+    start, end = now + timedelta(seconds=45), now + timedelta(seconds=125)
     folder = cluster.root / "calendar"
     (folder / "b.ics").write_text(ics_event("slurm-b", start, end, user, "gpus: 2"))
     (folder / "bad.ics").write_text(ics_event("slurm-bad", start, end, user, "node: nowhere"))

@@ -88,7 +88,7 @@ def test_a_booking_runs_as_its_login_and_ends_with_its_output_kept(
         host=TEST_HOST,
         users=(login,),
         gpus=(),
-        daemon=f'prepare_ahead = "10s"\nstop_grace = "{GRACE}s"\npoll_interval = "1s"',
+        daemon=f'prepare_ahead = "60s"\nstop_grace = "{GRACE}s"\npoll_interval = "1s"',
         limits="pids = 256",
         host_lines='engine = "udocker"\ndriver_binaries = []',
         extra=f"""[notify]
@@ -108,14 +108,16 @@ sender = "gpuresa@example.org"
     backend = backend_of(config)
     backend.provision("pytorch", None)
 
-    start = (datetime.now(UTC) + timedelta(seconds=20)).replace(microsecond=0)
+    # made as soon as the daemon runs: `udocker create` unpacks the image as the login, which
+    # takes 15 s or more on a loaded 2-core machine, and the start must find it ready
+    start = (datetime.now(UTC) + timedelta(seconds=35)).replace(microsecond=0)
     end = start + timedelta(seconds=30)
     (folder / "calendar" / "ud-1.ics").write_text(ics_event("ud-1", start, end, login, ""))
     daemon = DaemonProcess(config_file, folder / "daemon.log")
     try:
         prepared = wait_for(
             lambda: next((s for s in backend_of(config).list_sessions() if s.key == "ud-1"), None),
-            25,
+            at(start) - time.monotonic(),
             "the prepared session",
         )
         client = wait_for(

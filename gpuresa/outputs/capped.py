@@ -104,7 +104,11 @@ def cap_refusal(config: Config, limit: int) -> str | None:
         return f"the output disk cannot be measured: {error}"
     keep = free_bytes(config.storage.free_refuse, state.total)
     promised = committed_bytes(config)
-    if limit < SMALLEST_AUTO_CAP and (config.storage.session_quota or "") == "auto":
+    if (config.storage.session_quota or "").strip().lower() == "auto":
+        # the cap is this room's share, measured a moment ago: measured again it may be a
+        # few blocks less (anything writing meanwhile), which is no reason to refuse
+        if limit >= SMALLEST_AUTO_CAP:
+            return None
         return (
             f"the output disk has no room for another session's output: {state.summary}, "
             f"{gibibytes(promised)} promised to running sessions, storage.free_refuse "

@@ -193,3 +193,35 @@ def wait_exited(processes: dict[int, int], timeout: float) -> set[int]:
         time.sleep(0.05)
         left = {pid for pid in left if _running(pid, processes[pid])}
     return left
+
+
+def listening_programs(ports: set[int]) -> dict[int, set[str]]:
+    """The programs (their `comm`) listening on each of `ports` (TCP, IPv4 and IPv6).
+
+    Read from /proc/net/tcp{,6} (a listener's socket inode) and every process's
+    descriptors; a port whose listener belongs to no process seen here maps to
+    an empty set.
+    """
+    inodes: dict[str, int] = {}
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError):
+            for line in (PROC / "net" / table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if len(fields) < 10 or fields[3] != "0A":  # LISTEN
+                    continue
+                port = int(fields[1].rsplit(":", 1)[1], 16)
+                if port in ports:
+                    inodes[f"socket:[{fields[9]}]"] = port
+    found: dict[int, set[str]] = {port: set() for port in inodes.values()}
+    if not inodes:
+        return found
+    for entry in PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            for descriptor in (entry / "fd").iterdir():
+                with contextlib.suppress(OSError):
+                    held = inodes.get(os.readlink(descriptor))
+                    if held is not None:
+                        found[held].add((entry / "comm").read_text().strip())
+    return found

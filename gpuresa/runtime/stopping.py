@@ -30,7 +30,11 @@ from gpuresa.runtime.lookup import Found, container_name, init_pid, status
 log = logging.getLogger(__name__)
 
 # How long a removal waits for the engine to let go of the session's host ports.
-PORTS_FREED_WITHIN = 15.0
+PORTS_FREED_WITHIN = 30.0
+# The programs of the engines that hold a container's published ports for it.
+ENGINE_PROGRAMS = frozenset(
+    {"podman", "conmon", "dockerd", "docker-proxy", "rootlessport", "rootlessport-ch", "pasta"}
+)
 
 # How often the grace period checks whether the session's processes are gone.
 POLL_INTERVAL = 0.1
@@ -122,13 +126,27 @@ def remove_containers(engine: Engine, key: str, found: Found) -> None:
                     sorted(left))  # fmt: skip
     # and, whoever holds them (Podman's service keeps a port it reserved for a container
     # that failed to start a moment longer than that container's conmon), until they are free
-    held = [binding for binding in published(found) if not bindable(*binding)]
+    held = engine_held([binding for binding in published(found) if not bindable(*binding)])
     while held and time.monotonic() < deadline:
         time.sleep(0.05)
         held = [binding for binding in held if not bindable(*binding)]
     if held:
         log.warning("%s: ports still held after the removal: %s", key,
                     ", ".join(f"{address}:{port}" for address, port in held))  # fmt: skip
+
+
+def engine_held(bindings: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """The `bindings` held by the engine (or by no program seen here), not by another program:
+    a port some other program holds (the reason a start failed, often) is not the engine's
+    to let go of, and waiting for it would only delay the removal."""
+    if not bindings:
+        return []
+    programs = processes.listening_programs({port for _, port in bindings})
+    return [
+        (address, port)
+        for address, port in bindings
+        if not programs.get(port) or programs[port] & ENGINE_PROGRAMS
+    ]
 
 
 def published(found: Found) -> list[tuple[str, int]]:
