@@ -86,9 +86,10 @@ SERVICE_FIXTURES = frozenset(
 
 
 # Tests that share one thing of the machine run one after another on the same worker when
-# the suite runs in parallel (pytest-xdist's `--dist loadgroup`): the one Slurm cluster (a
-# booking reserves its whole node), the privileged ports of the default ranges (picked free,
-# then published: two pickers could meet), and udocker (unpacking an image takes both cores).
+# the suite runs in parallel (`make test`: pytest-xdist, `-n 3 --dist loadgroup`): the one
+# Slurm cluster (a booking reserves its whole node), the privileged ports of the default
+# ranges (picked free, then published: two pickers could meet), and udocker (unpacking an
+# image takes both cores). Matched on the test's id.
 SHARED = (
     ("slurm", ("test_slurm", "[slurm]")),
     ("privileged-ports", ("test_host_certificates.py",)),
@@ -96,18 +97,31 @@ SHARED = (
 )
 
 
+def shared_group(nodeid: str) -> str | None:
+    """The group of the test `nodeid`, or None when it shares nothing."""
+    return next((name for name, parts in SHARED if any(part in nodeid for part in parts)), None)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadgroup` by `shared_group`: pytest-xdist's own reads `xdist_group` marks
+    through a test id it rewrites, which pytest 9 no longer lets it rewrite."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
+
+    class SharedScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return shared_group(nodeid) or nodeid
+
+    return SharedScheduling(config, log)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test that uses an engine, a server or the daemon `services`, and group the
-    tests that share one thing of the machine."""
+    """Mark every test that uses an engine, a server or the daemon `services`."""
     for item in items:
         uses = SERVICE_FIXTURES.intersection(getattr(item, "fixturenames", ()))
         if uses or item.get_closest_marker("docker") is not None:
             item.add_marker(pytest.mark.services)
-        group = next(
-            (name for name, parts in SHARED if any(part in item.nodeid for part in parts)), None
-        )
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
 
 
 # --- failure reports -------------------------------------------------------------

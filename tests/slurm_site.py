@@ -80,7 +80,9 @@ class SlurmSite:
 
 
 @contextlib.contextmanager
-def slurm_site(root: Path, users: int = 2) -> Iterator[SlurmSite]:
+def slurm_site(root: Path, users: int = 2, container: str = "none") -> Iterator[SlurmSite]:
+    """A site on the real cluster with `users` host accounts of its own; `container`: what
+    the jobs run (the node's sshd by default: the end-to-end test runs the template's)."""
     slurm_answers()
     shared = Path("/var/tmp") / f"gpuresa-slurm-{secrets.token_hex(4)}"
     shared.mkdir(mode=0o755)
@@ -97,7 +99,7 @@ def slurm_site(root: Path, users: int = 2) -> Iterator[SlurmSite]:
         "hosts": [{"name": "cluster", "engine": "slurm", "bind_address": "127.0.0.1"}],
         "users": {"keys_dir": str(root / "keys"), "host_authorized_keys": False},
         "storage": {"output_root": str(shared / "output")},
-        "slurm": {"shared_dir": str(shared), "start_timeout": "60s"},
+        "slurm": {"shared_dir": str(shared), "start_timeout": "60s", "container": container},
     }
     try:
         yield SlurmSite(root, shared, parse_config(data, str(root / "config.toml")), logins)

@@ -430,8 +430,9 @@ def test_a_booking_on_podman_runs_in_its_own_user_namespace_and_survives_a_kill(
     )
     assert podman_harness.sessions() == []
     # after the end (told once the hand-over is done) it is the login's, not the
-    # range's: the output service serves it
-    mail_matching(stack.smtp, "ended")
+    # range's: the output service serves it. The notice follows the removal, which may wait
+    # (up to 30 s on a loaded machine) for Podman to let go of the session's ports
+    mail_matching(stack.smtp, "ended", timeout=45)
     (result,) = (stack.output_root / "alice").rglob("result.txt")
     assert result.read_text() == "result\n"
     assert result.stat().st_uid != session.id_range.uid + uid

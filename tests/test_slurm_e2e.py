@@ -11,6 +11,7 @@ with that reason, and the other goes on.
 
 from __future__ import annotations
 
+import pwd
 import signal
 import subprocess
 import sys
@@ -22,12 +23,14 @@ from pathlib import Path
 import paramiko
 import pytest
 from slurm_site import SlurmSite, slurm_site
-from support.configs import free_ports
+from support.configs import BASE_IMAGE, free_ports
 from support.waiting import wait_for
 from test_daemon_cli import ics_event
 from test_runtime import run
 
+from gpuresa.backends.factory import open_backend
 from gpuresa.backends.slurm import slurm_name
+from gpuresa.config.reading import load_config
 from gpuresa.journal.store import Journal
 
 # real host accounts, real daemons and servers: not for the fast lane
@@ -66,6 +69,8 @@ ssh_ports = "{first}-{first + 3}"
 [users]
 keys_dir = "{site.root / "keys"}"
 host_authorized_keys = false
+[templates]
+base_image = "{BASE_IMAGE}"
 [storage]
 output_root = "{site.shared / "output"}"
 [slurm]
@@ -129,6 +134,8 @@ def test_a_booking_runs_as_a_slurm_job_and_survives_a_daemon_kill(cluster: Slurm
     def state(key: str) -> str | None:
         return journal_state(cluster.root / "state" / "journal.sqlite", key)
 
+    # the template's image built and saved ahead, as a site provisions (a build takes minutes)
+    open_backend(load_config(config)).provision("pytorch", None)
     log = cluster.root / "daemon.log"
     process = daemon(config, log)
     try:
@@ -147,9 +154,20 @@ def test_a_booking_runs_as_a_slurm_job_and_survives_a_daemon_kill(cluster: Slurm
         assert f"job {job_id}" in status, status
         port = int(status.split("ssh ")[1].split()[0])
         with login(cluster, port) as client:
-            code, output = run(client, "id -un; echo $CUDA_VISIBLE_DEVICES")
-            assert code == 0 and output.split() == [user, "0,1"], output
-            run(client, "echo kept > $GPURESA_OUTPUT/result.txt")
+            # in the template's container (its first process, PID 1 of a namespace of its
+            # own, runs the template's command after gpuresa's session script), named after the
+            # user there, with the job's GPUs and id
+            code, output = run(
+                client,
+                "id -un; echo $CUDA_VISIBLE_DEVICES $SLURM_JOB_ID; "
+                "test -f /opt/gpuresa-udocker/session.sh && echo in-container",
+            )
+            assert code == 0 and output.split() == [user, "0,1", job_id, "in-container"], output
+            code, output = run(client, "echo kept > /output/result.txt && ls /etc/gpuresa/session")
+            assert code == 0 and "end" in output.split(), output
+        # on the node, outside: the container's first process is the user's own
+        box = (cluster.shared / "runs" / name / "container.pid").read_text().split()[0]
+        assert Path(f"/proc/{box}").stat().st_uid == pwd.getpwnam(user).pw_uid
         # the daemon killed mid-booking, started again: it adopts, doubles nothing
         process.send_signal(signal.SIGKILL)
         process.wait(10)
@@ -160,7 +178,9 @@ def test_a_booking_runs_as_a_slurm_job_and_survives_a_daemon_kill(cluster: Slurm
         # the warning reaches the session 30 s before the end
         with login(cluster, port) as client:
             message = wait_for(
-                lambda: run(client, "cat $GPURESA_SESSION/message 2>/dev/null")[1], 50, "warning"
+                lambda: run(client, "cat /etc/gpuresa/session/message 2>/dev/null")[1],
+                50,
+                "warning",
             )
             assert "end" in message.lower(), message
         # at the end: the job ends, the output stays and is dated

@@ -221,6 +221,9 @@ class SlurmConfig:
     partition: str | None = Field(None, check=matches(NAME, "a partition name"))
     gres_reservations: Literal["auto", "yes", "no"] = "auto"
     start_timeout: timedelta = Field(timedelta(seconds=60), check=positive_duration)
+    # what a session's job runs: the template's container with udocker, as the user, or
+    # ("none") the node's own sshd
+    container: Literal["udocker", "none"] = "udocker"
 
 
 @dataclass(frozen=True)

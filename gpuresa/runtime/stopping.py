@@ -131,8 +131,13 @@ def remove_containers(engine: Engine, key: str, found: Found) -> None:
         time.sleep(0.05)
         held = [binding for binding in held if not bindable(*binding)]
     if held:
-        log.warning("%s: ports still held after the removal: %s", key,
-                    ", ".join(f"{address}:{port}" for address, port in held))  # fmt: skip
+        holders = processes.listening_programs({port for _, port in held})
+        named = [
+            f"{address}:{port} ({', '.join(sorted(holders.get(port, ()))) or 'no program seen'})"
+            for address, port in held
+        ]
+        log.warning("%s: ports still held %.0f s after the removal: %s", key,
+                    PORTS_FREED_WITHIN, ", ".join(named))  # fmt: skip
 
 
 def engine_held(bindings: list[tuple[str, int]]) -> list[tuple[str, int]]:

@@ -35,6 +35,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from gpuresa.access import AccessError, authorized_keys, check_login, host_account
+from gpuresa.backends.slurm.container import JobContainers
 from gpuresa.backends.slurm.gateway import Job, Node, SlurmGateway
 from gpuresa.backends.slurm.jobscript import JobSettings, job_script
 from gpuresa.backends.slurm.records import Record, Records
@@ -77,6 +78,8 @@ class SlurmBackend:
         self.files = SessionFiles(settings.shared_dir / "sessions", root_mode=0o711)
         self.runs = settings.shared_dir / "runs"
         self.reserver = Reserver(self.gateway, settings.gres_reservations, PREFIX)
+        # the template's container in each job (None: the node's own sshd)
+        self.containers = JobContainers(config) if settings.container == "udocker" else None
 
     # --- what the cluster can serve -------------------------------------------------------
 
@@ -137,10 +140,13 @@ class SlurmBackend:
         self.node_for(spec)
 
     def provisioned(self, template: str | None, cuda: str | None) -> bool:
-        return True
+        return self.containers is None or self.containers.provisioned(template, cuda)
 
     def provision(self, template: str | None, cuda: str | None) -> None:
-        """Nothing to make: the job runs the node's own sshd."""
+        """Build and save the template's image for the jobs' containers (minutes); nothing
+        without containers (the job runs the node's own sshd)."""
+        if self.containers is not None:
+            self.containers.provision(template, cuda)
 
     # --- a session's life -----------------------------------------------------------------
 
@@ -154,6 +160,10 @@ class SlurmBackend:
             self.records.put(record)
             self._make_folders(record)
         if record.job is None:
+            if self.containers is not None:
+                self.containers.make(
+                    spec.key, record.user, record.template, record.cuda, record.name
+                )
             self.reserver.reserve(record, waiting_is_fine=True)
         return self._session(record, None)
 
@@ -208,6 +218,16 @@ class SlurmBackend:
             self.files.path(record.key),
             self.runs / record.name,
             Path(record.output),
+            container=None
+            if self.containers is None
+            else self.containers.job_settings(
+                record.user,
+                record.template,
+                record.cuda,
+                record.name,
+                self.files.path(record.key),
+                Path(record.output),
+            ),
         )
         out = self.gateway.run(argv, as_user=record.user, stdin=job_script(settings))
         return int(out.strip().split(";")[0])
@@ -260,6 +280,8 @@ class SlurmBackend:
                 raise SessionError(f"the job of {key} does not end")
             time.sleep(0.3)
         self.reserver.release(record)
+        if self.containers is not None:
+            self.containers.remove(key, record.user, record.name)
         self.files.remove(key)
         shutil.rmtree(self.runs / record.name, ignore_errors=True)
         self.records.remove(key)

@@ -4,12 +4,13 @@ The script is Python (any `#!` script is a batch script to sbatch). It makes
 itself the *subreaper* of everything below it, so a process a login leaves in
 the background stays a descendant of the job: Slurm's process tracking (even
 `proctrack/linuxproc`, which follows parent links) then signals it at a stop
-and at the end. It runs the session command (today the user's own sshd on the
-session's port, with no privilege separation: a single-user server needs
-none; a container launcher such as udocker's takes the same place later,
-given the same environment), passes SIGTERM on to every descendant and
-exits only when none is left, so a stop's grace is the session's, not the
-script's.
+and at the end. It runs the session's container when it has one (see `container`: udocker
+started on the node, its first process found among the script's descendants
+and written to the run folder), then the user's own sshd on the session's
+port (no privilege separation: a single-user server needs none), which enters
+that container for every login; it passes SIGTERM on to every descendant
+and exits only when none is left, so a stop's grace is the session's, not
+the script's.
 
 The login sees the job's GPUs: sshd hands `CUDA_VISIBLE_DEVICES`, the job's
 id and the session's folders to every login (`SetEnv`).
@@ -18,12 +19,14 @@ id and the session's folders to every login (`SetEnv`).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 _SCRIPT = r"""#!/usr/bin/python3
 # gpuresa session job (made by gpuresa; see gpuresa/backends/slurm/jobscript.py)
-import ctypes, json, os, signal, subprocess, sys, time
+import ctypes, glob, json, os, signal, subprocess, sys, time
 
 SETTINGS = json.loads(%(settings)r)
 PR_SET_CHILD_SUBREAPER = 36
@@ -60,16 +63,6 @@ with open(config, "w") as out:
         "SetEnv " + " ".join("%%s=%%s" %% item for item in passed.items()),
         "",
     ]))
-command = SETTINGS["command"] or ["/usr/sbin/sshd", "-D", "-e", "-f", config]
-child = subprocess.Popen(command)
-
-def on_term(number, frame):
-    for pid in descendants():
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-
 def descendants():
     found, parents = [], {os.getpid()}
     table = {}
@@ -89,6 +82,51 @@ def descendants():
                 found.append(pid)
                 changed = True
     return found
+
+box = SETTINGS["container"]
+if box:
+    # the template's container (see gpuresa/backends/slurm/container.py): the node's GPUs
+    # that the job may use (Slurm's device cgroup keeps it from the others) and the job's
+    # own values are known here alone
+    nodes = sorted(path for path in glob.glob("/dev/nvidia*") if not os.path.isdir(path))
+    options = ["--device=%%s" %% path for path in nodes]
+    options += ["--env=%%s=%%s" %% item for item in passed.items() if item[1]
+                and not item[0].startswith("GPURESA_")]
+    log = open(os.path.join(run, "container.log"), "ab")
+    if "/dev/nvidiactl" in nodes:
+        subprocess.run(box["nvidia"], env=box["env"], stdout=log, stderr=log, cwd="/")
+    subprocess.Popen(box["head"] + options + box["tail"], env=box["env"], stdout=log,
+                     stderr=log, cwd="/", start_new_session=True)
+    deadline = time.monotonic() + 120
+    init = None
+    while init is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+        for pid in descendants():
+            try:
+                with open("/proc/%%d/status" %% pid) as status:
+                    fields = dict(line.split(":", 1) for line in status if ":" in line)
+            except OSError:
+                continue
+            if (fields.get("NSpid", "").split()[-1:] == ["1"]
+                    and fields.get("Uid", "").split()[:1] == [str(os.getuid())]):
+                init = pid
+                break
+    if init is None:
+        sys.exit("gpuresa: the session's container did not start (see container.log)")
+    with open(os.path.join(run, "container.pid"), "w") as out:
+        out.write("%%d\n" %% init)
+    with open(config, "a") as out:
+        out.write("ForceCommand %%s %%s %%s\n" %% (" ".join(box["enter"]), run,
+                                                   SETTINGS["session_dir"]))
+command = SETTINGS["command"] or ["/usr/sbin/sshd", "-D", "-e", "-f", config]
+child = subprocess.Popen(command)
+
+def on_term(number, frame):
+    for pid in descendants():
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
 
 signal.signal(signal.SIGTERM, on_term)
 # reap every child (orphans of logins included) until none is left
@@ -115,6 +153,8 @@ class JobSettings:
     output_dir: Path
     # empty: the user's own sshd (see the module)
     command: tuple[str, ...] = ()
+    # the template's container to run and enter (`container.JobContainers.job_settings`)
+    container: Mapping[str, Any] | None = None
 
 
 def job_script(settings: JobSettings) -> str:
@@ -127,5 +167,6 @@ def job_script(settings: JobSettings) -> str:
         "run_dir": str(settings.run_dir),
         "output_dir": str(settings.output_dir),
         "command": list(settings.command),
+        "container": dict(settings.container) if settings.container else None,
     }
     return _SCRIPT % {"settings": json.dumps(data)}
