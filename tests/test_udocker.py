@@ -309,3 +309,58 @@ def test_a_session_over_its_memory_is_stopped_inside_its_cgroup(make: Callable[.
     assert text.split()[-1] != "0", text
     _, text = site.run(session, "echo still-here")
     assert text.strip() == "still-here", text
+
+
+def test_bench_runs_both_sides_as_the_login_and_the_container_with_udocker(
+    site: Site, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpuresa.backends.udocker import tools
+    from gpuresa.cli import main
+
+    config = site.root / "bench.toml"
+    config.write_text(
+        f"""
+[daemon]
+host = "{TEST_HOST}"
+state_dir = "{site.root / "state"}"
+[[hosts]]
+name = "{TEST_HOST}"
+engine = "udocker"
+gpu_mode = "none"
+driver_binaries = []
+[templates]
+base_image = "{BASE_IMAGE}"
+[storage]
+output_root = "{site.root / "output"}"
+"""
+    )
+    # a udocker bench runs as a login, never as root
+    assert main(["bench", "--config", str(config), "--runs", "1"]) == 1
+    assert "--user LOGIN" in capsys.readouterr().err
+    assert main(["bench", "--config", str(config), "--runs", "1", "--user", "root"]) == 1
+    assert "no host account of a user" in capsys.readouterr().err
+    # each side prints the host uid it runs as: the login's on both (the container's root
+    # is the login, as in its sessions); only the container has the scripts' folder
+    command = (
+        "if [ -r /opt/gpuresa-bench/cpu_matmul.py ]; then read -r inside outside count "
+        '</proc/self/uid_map; echo "result: $outside uid"; else echo "result: $(id -u) uid"; fi'
+    )
+    code = main(
+        ["bench", "--config", str(config), "--runs", "2", "--user", site.login,
+         "--command", command]
+    )  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    uid = host_account(site.login).uid  # type: ignore[union-attr]
+    assert f"CPU: host {uid}.0, container {uid}.0 uid, ratio 1.000" in captured.out, captured.out
+    # the container's exit status is its command's (udocker's own is 1 without a terminal)
+    failing = "echo 'result: 1 x'; [ -r /opt/gpuresa-bench/cpu_matmul.py ] && exit 3; true"
+    arguments = ["--runs", "1", "--user", site.login, "--command", failing]
+    assert main(["bench", "--config", str(config), *arguments]) == 1
+    assert "failed on the container (exit code 3)" in capsys.readouterr().err
+    # the bench's container is gone from the login's repository after
+    containers = tools.repository(site.backend().config, site.login) / "containers"
+    deadline = time.monotonic() + 30
+    while any(containers.glob("gpuresa-bench-*")) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not any(containers.glob("gpuresa-bench-*"))

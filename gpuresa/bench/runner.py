@@ -65,10 +65,14 @@ class HostSide:
 
     name = HOST
 
-    def __init__(self, scripts: Path, python: str, timeout: float) -> None:
+    def __init__(
+        self, scripts: Path, python: str, timeout: float, prefix: Sequence[str] = ()
+    ) -> None:
         self.scripts = scripts
         self.python = python
         self.timeout = timeout
+        # what each run is started through (`setpriv …`: as the login of a udocker bench)
+        self.prefix = list(prefix)
 
     def command(self, workload: Workload, gpu_count: int) -> list[str]:
         return workload.argv(self.scripts, self.python, gpu_count)
@@ -77,7 +81,7 @@ class HostSide:
         started = time.monotonic()
         try:
             result = subprocess.run(
-                list(command),
+                [*self.prefix, *command],
                 capture_output=True,
                 text=True,
                 errors="replace",

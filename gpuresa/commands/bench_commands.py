@@ -20,9 +20,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
+from gpuresa.access import LOWEST_HOST_UID, Account, host_account
+from gpuresa.backends.factory import open_backend
+from gpuresa.backends.udocker import UdockerBackend
+from gpuresa.backends.udocker.tools import as_user
 from gpuresa.bench.holders import gpu_holders
 from gpuresa.bench.report import Comparison, Sample, compare, render, run_line, summary
 from gpuresa.bench.runner import ContainerSide, HostSide, check_framework, run_bench
+from gpuresa.bench.udocker_side import UdockerSide
 from gpuresa.bench.workloads import (
     SCRIPTS,
     WORKLOAD_NAMES,
@@ -103,6 +108,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=float,
         default=DEFAULT_TIMEOUT,
         help=f"seconds one run may take (default {DEFAULT_TIMEOUT:.0f})",
+    )
+    parser.add_argument(
+        "--user",
+        metavar="LOGIN",
+        help="on a udocker host: the login both sides run as (udocker sessions run as theirs)",
     )
     parser.set_defaults(handler=bench_command)
 
@@ -224,7 +234,10 @@ def bench_command(arguments: argparse.Namespace) -> int:
         raise UserError(f"--window: {error}") from None
     # with --json, stdout carries the JSON alone: progress goes to stderr
     out = sys.stderr if arguments.json else sys.stdout
-    runtime = Runtime(config)
+    backend = open_backend(config)
+    if not isinstance(backend, Runtime | UdockerBackend):
+        raise UserError("gpuresa bench runs on one host: on a cluster, run it on a node")
+    runtime = backend
     template = arguments.template or (
         "pytorch" if "pytorch" in config.templates.allowed else config.templates.allowed[0]
     )
@@ -281,31 +294,53 @@ def bench_command(arguments: argparse.Namespace) -> int:
 def _run(
     arguments: argparse.Namespace,
     config: Config,
-    runtime: Runtime,
+    runtime: Runtime | UdockerBackend,
     template: str,
     workload: Workload,
     gpus: tuple[int, ...],
     out: TextIO,
 ) -> tuple[list[Sample], list[str], str]:
     """Check the host's framework, build the image if missing, and run the bench."""
+    account = bench_account(arguments.user) if isinstance(runtime, UdockerBackend) else None
     with shipped_scripts() as scripts:
-        host = HostSide(scripts, arguments.host_python, arguments.timeout)
+        prefix = as_user(account, []) if account is not None else []
+        host = HostSide(scripts, arguments.host_python, arguments.timeout, prefix)
         # before any image is built: a host without the framework is told at once
         check_framework(host, workload, workload.check_argv(scripts, arguments.host_python))
         image = runtime.ensure_image(template, arguments.cuda)
-        oneshot = OneShot(config, runtime.engine)
-        for name in oneshot.remove_leftovers():
-            print(f"removed the container {name} of an earlier bench", file=out)
-        container = ContainerSide(oneshot, image, scripts, arguments.timeout)
+        container: ContainerSide | UdockerSide
+        if isinstance(runtime, UdockerBackend):
+            assert account is not None
+            container = UdockerSide(runtime, account, scripts, arguments.timeout)
+            image = container.make(template, arguments.cuda)
+        else:
+            oneshot = OneShot(config, runtime.engine)
+            for name in oneshot.remove_leftovers():
+                print(f"removed the container {name} of an earlier bench", file=out)
+            container = ContainerSide(oneshot, image, scripts, arguments.timeout)
 
         def progress(sample: Sample) -> None:
             print(run_line(sample), file=out, flush=True)
 
         print("runs:", file=out)
-        samples, info = run_bench(
-            workload, gpus, gpu_counts(gpus), arguments.runs, [host, container], progress
-        )
+        try:
+            samples, info = run_bench(
+                workload, gpus, gpu_counts(gpus), arguments.runs, [host, container], progress
+            )
+        finally:
+            if isinstance(container, UdockerSide):
+                container.remove()
     return samples, info, image
+
+
+def bench_account(login: str | None) -> Account:
+    """The host account a udocker bench runs as (`--user`); `UserError` naming what is wrong."""
+    if not login:
+        raise UserError("on a udocker host, name the login both sides run as: --user LOGIN")
+    account = host_account(login)
+    if account is None or account.uid < LOWEST_HOST_UID:
+        raise UserError(f"--user {login}: no host account of a user by that name")
+    return account
 
 
 def _json_report(

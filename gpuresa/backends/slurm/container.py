@@ -29,7 +29,7 @@ from gpuresa.access import Account, host_account
 from gpuresa.backends.udocker import tools
 from gpuresa.backends.udocker.backend import SCRIPTS_TARGET, UdockerBackend
 from gpuresa.config.sections import Config
-from gpuresa.runtime.errors import ImageMissing, SessionError
+from gpuresa.runtime.errors import SessionError
 from gpuresa.runtime.payload import SESSION_FILES_TARGET
 from gpuresa.runtime.templates import resolve_template
 
@@ -70,15 +70,7 @@ class JobContainers:
         user); nothing when it is there already. Raises `SessionError` (`ImageMissing` when
         the image is not built yet)."""
         account = self._account(user)
-        found = self.images.archive(template, cuda)
-        if found is None:
-            raise ImageMissing(f"session {key}: the image of {template} is not built yet",
-                               template, cuda)  # fmt: skip
-        archive, image = found
-        tools.ensure_repository(self.config, account)
-        if not tools.image_loaded(self.config, user, image):
-            tools.run_udocker(self.config, account, ["load", "-i", str(archive)], key, 900)
-            log.info("%s: image %s loaded for %s", key, image, user)
+        image = self.images.load_image(key, account, template, cuda)
         if (tools.repository(self.config, user) / "containers" / name).exists():
             return
         tools.run_udocker(self.config, account, ["create", f"--name={name}", image], key, 600)

@@ -230,18 +230,21 @@ class UdockerBackend:
 
     def _load(self, spec: SessionSpec) -> str:
         """Load `spec`'s image into the login's repository when missing (seconds); its name."""
-        found = self.archive(spec.template, spec.cuda)
+        return self.load_image(spec.key, self.account(spec), spec.template, spec.cuda)
+
+    def load_image(self, key: str, account: Account, template: str, cuda: str | None) -> str:
+        """Load the template's image into `account`'s repository when missing (seconds); its
+        name. Raises `ImageMissing` when the image is not built yet."""
+        found = self.archive(template, cuda)
         if found is None:
             raise ImageMissing(
-                f"session {spec.key}: the image of {spec.template} is not built yet",
-                spec.template, spec.cuda,
-            )  # fmt: skip
+                f"session {key}: the image of {template} is not built yet", template, cuda
+            )
         archive, name = found
-        if not tools.image_loaded(self.config, spec.user, name):
-            account = self.account(spec)
-            tools.ensure_repository(self.config, account)
-            tools.run_udocker(self.config, account, ["load", "-i", str(archive)], spec.key, 900)
-            log.info("%s: image %s loaded for %s", spec.key, name, spec.user)
+        tools.ensure_repository(self.config, account)
+        if not tools.image_loaded(self.config, account.login, name):
+            tools.run_udocker(self.config, account, ["load", "-i", str(archive)], key, 900)
+            log.info("%s: image %s loaded for %s", key, name, account.login)
         return name
 
     # --- what the daemon asks of a Docker runtime, for udocker ------------------------------
@@ -431,7 +434,7 @@ class UdockerBackend:
         volumes.append((str(tools.SCRIPTS), str(SCRIPTS_TARGET), True))
         volumes += [(str(mount.source), str(mount.target), True) for mount in storage.inputs]
         volumes.append((str(record.output_dir), str(storage.output_target), False))
-        volumes += self._driver_volumes(mounts)
+        volumes += self.driver_volumes(mounts)
         arguments = ["run", "--nobanner"]
         arguments += [f"--volume={source}:{target}" for source, target, _ in volumes]
         arguments += [f"--device={device['PathOnHost']}" for device in devices]
@@ -458,7 +461,7 @@ class UdockerBackend:
             folder / "udocker.log",
         )
 
-    def _driver_volumes(self, mounts: list[dict[str, object]]) -> list[tuple[str, str, bool]]:
+    def driver_volumes(self, mounts: list[dict[str, object]]) -> list[tuple[str, str, bool]]:
         """The driver's files, copied once per host into folders (udocker binds folders only)."""
         volumes: dict[str, str] = {}
         for mount in mounts:

@@ -3,7 +3,8 @@
 Standalone (no gpuresa import: the users' interpreter has only udocker on its
 path). Before udocker hands its OCI spec to runc, the mounts named in
 $GPURESA_READONLY (a JSON list of container paths) are made read-only (udocker
-binds every volume read-write) and /dev/shm gets $GPURESA_SHM_SIZE.
+binds every volume read-write) and /dev/shm gets $GPURESA_SHM_SIZE; and a run
+without a terminal exits with its command's status (see `_exit_status`).
 """
 
 import json
@@ -31,5 +32,18 @@ def _gpuresa_spec(self: RuncEngine) -> object:
 
 
 RuncEngine._save_spec = _gpuresa_spec
+_run_nopty = RuncEngine.run_nopty
+
+
+def _exit_status(self: RuncEngine, command: list[str]) -> int:
+    """udocker 1.3.17 returns the runc process itself without a terminal, so `udocker run`
+    exits 1 whatever ran: return its exit status instead."""
+    process = _run_nopty(self, command)
+    if process.returncode is None:
+        process.wait()
+    return int(process.returncode)
+
+
+RuncEngine.run_nopty = _exit_status
 sys.argv[0] = "udocker"
 sys.exit(main())
