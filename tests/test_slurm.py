@@ -166,7 +166,8 @@ def test_a_node_is_not_booked_past_its_gpus(cluster: SlurmSite) -> None:
 
 def test_the_time_limit_never_ends_before_the_booking(cluster: SlurmSite) -> None:
     now = datetime.now(UTC).replace(microsecond=0)
-    spec = cluster.spec(end=now + timedelta(seconds=61))
+    # 90 s from now: whole minutes from the submission (seconds later on a loaded machine)
+    spec = cluster.spec(end=now + timedelta(seconds=90))
     backend = cluster.backend()
     started = backend.start(spec)
     job = next(item.split()[1] for item in started.containers if item.startswith("job "))

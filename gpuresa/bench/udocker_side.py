@@ -48,8 +48,12 @@ class UdockerSide:
         image = self.backend.load_image(key, self.account, template, cuda)
         tools.run_udocker(self.config, self.account, ["create", f"--name={self.container}", image],
                           key, 600)  # fmt: skip
-        tools.run_udocker(self.config, self.account, ["setup", "--execmode=R1", self.container],
-                          key)  # fmt: skip
+        try:
+            tools.run_udocker(self.config, self.account,
+                              ["setup", "--execmode=R1", self.container], key)  # fmt: skip
+        except BaseException:
+            self.remove()
+            raise
         return image
 
     def remove(self) -> None:
