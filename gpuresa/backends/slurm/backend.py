@@ -221,6 +221,7 @@ class SlurmBackend:
             container=None
             if self.containers is None
             else self.containers.job_settings(
+                record.key,
                 record.user,
                 record.template,
                 record.cuda,

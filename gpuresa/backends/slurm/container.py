@@ -20,18 +20,16 @@ instead, for clusters where the nodes have neither.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
 from gpuresa.access import Account, host_account
 from gpuresa.backends.udocker import tools
-from gpuresa.backends.udocker.backend import SCRIPTS_TARGET, UdockerBackend
+from gpuresa.backends.udocker.backend import UdockerBackend
+from gpuresa.backends.udocker.run_command import session_run
 from gpuresa.config.sections import Config
 from gpuresa.runtime.errors import SessionError
-from gpuresa.runtime.payload import SESSION_FILES_TARGET
-from gpuresa.runtime.templates import resolve_template
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +69,7 @@ class JobContainers:
         the image is not built yet)."""
         account = self._account(user)
         image = self.images.load_image(key, account, template, cuda)
-        if (tools.repository(self.config, user) / "containers" / name).exists():
+        if self.images.container_exists(account, name):
             return
         tools.run_udocker(self.config, account, ["create", f"--name={name}", image], key, 600)
         tools.run_udocker(self.config, account, ["setup", "--execmode=R1", name], key)
@@ -84,36 +82,19 @@ class JobContainers:
             tools.remove_detached(self.config, account, name, key)
 
     def job_settings(
-        self, user: str, template: str, cuda: str | None, name: str, files: Path, output: Path
-    ) -> dict[str, Any]:
+        self, key: str, user: str, template: str, cuda: str | None, name: str, files: Path,
+        output: Path,
+    ) -> dict[str, Any]:  # fmt: skip
         """What the job needs to run container `name` (see `jobscript`): udocker's command
         line before and after the options only the node knows (its GPUs, the job's id), the
         environment to run it in, and the command that enters it for a login."""
-        account = self._account(user)
-        storage = self.config.storage
-        chosen, _ = resolve_template(self.config.templates, template, cuda)
-        volumes = [(str(files), str(SESSION_FILES_TARGET), True)]
-        volumes.append((str(tools.SCRIPTS), str(SCRIPTS_TARGET), True))
-        volumes += [(str(mount.source), str(mount.target), True) for mount in storage.inputs]
-        volumes.append((str(output), str(storage.output_target), False))
-        head = ["run", "--nobanner"]
-        head += [f"--volume={source}:{target}" for source, target, _ in volumes]
-        head.append(f"--env=GPURESA_USER={user}")
-        tail = ["--entrypoint=/bin/sh", name, f"{SCRIPTS_TARGET}/session.sh"]
-        tail += list(chosen.command or ())
-        readonly = [target for _, target, read_only in volumes if read_only]
-        environment = tools.environment(
-            self.config,
-            account,
-            {
-                "GPURESA_READONLY": json.dumps(readonly),
-                "GPURESA_SHM_SIZE": str(self.config.limits.shm_size),
-            },
+        run = session_run(
+            self.config, self._account(user), key, template, cuda, name, files, output
         )
         return {
-            "head": tools.udocker_command(self.config, head),
-            "tail": tail,
+            "head": run.head,
+            "tail": run.tail,
             "nvidia": tools.udocker_command(self.config, ["setup", "--nvidia", name]),
-            "env": environment,
+            "env": run.environment,
             "enter": ["/bin/sh", str(tools.SCRIPTS / "enter.sh")],
         }

@@ -13,7 +13,6 @@ as for the engines (`gpuresa.runtime.session_files`), mounted read-only.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import secrets
@@ -29,6 +28,7 @@ from gpuresa.access import LOWEST_HOST_UID, AccessError, Account, authorized_key
 from gpuresa.backends.udocker import launch, tools
 from gpuresa.backends.udocker.cgroups import CGROUP_ROOT, SessionCgroup, listed
 from gpuresa.backends.udocker.records import Record, Records, write_file
+from gpuresa.backends.udocker.run_command import session_run
 from gpuresa.config.sections import Config, HostConfig
 from gpuresa.model import Session, SessionSpec
 from gpuresa.outputs.disk import start_refusal
@@ -40,7 +40,7 @@ from gpuresa.runtime.gpus import HostGpus, host_gpu_access
 from gpuresa.runtime.images import Images
 from gpuresa.runtime.limits import SessionLimits, local_totals, session_limits
 from gpuresa.runtime.output import output_path
-from gpuresa.runtime.payload import MAIN_ROLE, SESSION_FILES_TARGET, safe_key, utc_text
+from gpuresa.runtime.payload import MAIN_ROLE, safe_key, utc_text
 from gpuresa.runtime.records import EndRecords
 from gpuresa.runtime.session_files import SessionFacts, SessionFiles, end_text, session_facts
 from gpuresa.runtime.specs import check_spec, new_spec
@@ -48,7 +48,6 @@ from gpuresa.runtime.templates import resolve_template
 
 log = logging.getLogger(__name__)
 
-SCRIPTS_TARGET = PurePosixPath("/opt/gpuresa-udocker")
 OUTPUT_MODE = 0o750
 
 
@@ -399,7 +398,7 @@ class UdockerBackend:
         )  # fmt: skip
         return record.session("created")
 
-    def _container_exists(self, account: Account, container: str) -> bool:
+    def container_exists(self, account: Account, container: str) -> bool:
         repo = tools.repository(self.config, account.login)
         return (repo / "containers" / container).exists()
 
@@ -428,37 +427,26 @@ class UdockerBackend:
         environment: dict[str, str],
         files: Path,
     ) -> None:
-        storage = self.config.storage
-        template, _ = resolve_template(self.config.templates, spec.template, spec.cuda)
-        volumes = [(str(files), str(SESSION_FILES_TARGET), True)]
-        volumes.append((str(tools.SCRIPTS), str(SCRIPTS_TARGET), True))
-        volumes += [(str(mount.source), str(mount.target), True) for mount in storage.inputs]
-        volumes.append((str(record.output_dir), str(storage.output_target), False))
-        volumes += self.driver_volumes(mounts)
-        arguments = ["run", "--nobanner"]
-        arguments += [f"--volume={source}:{target}" for source, target, _ in volumes]
-        arguments += [f"--device={device['PathOnHost']}" for device in devices]
-        values = {**environment, "GPURESA_USER": spec.user, "GPURESA_SESSION": spec.key}
-        arguments += [f"--env={name}={value}" for name, value in sorted(values.items())]
-        arguments += ["--entrypoint=/bin/sh", record.container, f"{SCRIPTS_TARGET}/session.sh"]
-        arguments += list(template.command or ())
-        readonly = [target for _, target, read_only in volumes if read_only]
         account = host_account(spec.user) or Account(spec.user, record.uid, record.gid, Path("/"))
-        env = tools.environment(
+        run = session_run(
             self.config,
             account,
-            {
-                "GPURESA_READONLY": json.dumps(readonly),
-                "GPURESA_SHM_SIZE": str(self.config.limits.shm_size),
-            },
+            spec.key,
+            spec.template,
+            spec.cuda,
+            record.container,
+            files,
+            record.output_dir,
+            volumes=self.driver_volumes(mounts),
+            devices=[device["PathOnHost"] for device in devices],
+            values=environment,
         )
-        folder = self.records.folder(spec.key)
         launch.spawn(
             self.cgroup(spec.key),
             account,
-            tools.udocker_command(self.config, arguments),
-            env,
-            folder / "udocker.log",
+            run.head + run.tail,
+            run.environment,
+            self.records.folder(spec.key) / "udocker.log",
         )
 
     def driver_volumes(self, mounts: list[dict[str, object]]) -> list[tuple[str, str, bool]]:
@@ -531,7 +519,7 @@ class UdockerBackend:
         if record is None:
             return None
         account = host_account(record.spec.user)
-        if account is not None and self._container_exists(account, record.container):
+        if account is not None and self.container_exists(account, record.container):
             # its files go in the background, as the user: nothing of it runs any more
             tools.remove_detached(self.config, account, record.container, key)
         return record

@@ -1,0 +1,77 @@
+"""The `udocker run` of a session's container, as a udocker host and a Slurm job both start it.
+
+The container gets the session's files (read-only), gpuresa's scripts
+(read-only), the site's inputs (read-only), the output (read-write) and any
+other folders given; its first process is gpuresa's `session.sh` with the
+template's command. The launcher (`scripts/launcher.py`) makes the read-only
+mounts read-only and sizes /dev/shm, from the environment returned here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from gpuresa.access import Account
+from gpuresa.backends.udocker import tools
+from gpuresa.config.sections import Config
+from gpuresa.runtime.payload import SESSION_FILES_TARGET
+from gpuresa.runtime.templates import resolve_template
+
+# where gpuresa's scripts are in every session's container
+SCRIPTS_TARGET = PurePosixPath("/opt/gpuresa-udocker")
+
+
+@dataclass(frozen=True)
+class RunCommand:
+    """`head + tail` runs the container; options only the caller knows (a Slurm job's GPUs)
+    go between the two. `environment`: what udocker runs in."""
+
+    head: list[str]
+    tail: list[str]
+    environment: dict[str, str]
+
+
+def session_run(
+    config: Config,
+    account: Account,
+    key: str,
+    template: str,
+    cuda: str | None,
+    container: str,
+    files: Path,
+    output: Path,
+    *,
+    volumes: Sequence[tuple[str, str, bool]] = (),
+    devices: Sequence[str] = (),
+    values: Mapping[str, str] = {},
+) -> RunCommand:
+    """The `udocker run` of session `key`'s `container` (as `account`), with its session
+    `files` and `output` folders, more read-only `volumes` (source, target, read-only),
+    `devices` (host paths) and environment `values` inside."""
+    storage = config.storage
+    chosen, _ = resolve_template(config.templates, template, cuda)
+    bound = [(str(files), str(SESSION_FILES_TARGET), True)]
+    bound.append((str(tools.SCRIPTS), str(SCRIPTS_TARGET), True))
+    bound += [(str(mount.source), str(mount.target), True) for mount in storage.inputs]
+    bound.append((str(output), str(storage.output_target), False))
+    bound += volumes
+    arguments = ["run", "--nobanner"]
+    arguments += [f"--volume={source}:{target}" for source, target, _ in bound]
+    arguments += [f"--device={device}" for device in devices]
+    inside = {**values, "GPURESA_USER": account.login, "GPURESA_SESSION": key}
+    arguments += [f"--env={name}={value}" for name, value in sorted(inside.items())]
+    tail = ["--entrypoint=/bin/sh", container, f"{SCRIPTS_TARGET}/session.sh"]
+    tail += list(chosen.command or ())
+    readonly = [target for _, target, read_only in bound if read_only]
+    environment = tools.environment(
+        config,
+        account,
+        {
+            "GPURESA_READONLY": json.dumps(readonly),
+            "GPURESA_SHM_SIZE": str(config.limits.shm_size),
+        },
+    )
+    return RunCommand(tools.udocker_command(config, arguments), tail, environment)
