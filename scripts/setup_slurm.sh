@@ -4,7 +4,9 @@
 # systemd): the node is this machine (`hostname -s`) with four stand-in GPUs
 # (character devices like /dev/null under $SLURM_STATE/dev), and fifty simulated nodes
 # (sim01..sim50, four GPUs each, in partition "sim") that no slurmd answers for: they
-# take reservations (the benchmark's) but never run a job.
+# take reservations (the benchmark's) but never run a job. Each has a loopback address
+# and a port nothing listens on: slurmctld resolves every node when it starts, and an
+# unresolvable name costs it ten seconds (fifty names, minutes on a fresh machine).
 # The daemons must run under the names slurmctld/slurmd: Slurm applies a node's Gres=
 # only in processes of those names (Debian's real binaries are *-wlm).
 set -euo pipefail
@@ -79,7 +81,7 @@ SlurmdTimeout=300
 SlurmdParameters=config_overrides
 MaxJobCount=100000
 NodeName=$NODE CPUs=16 RealMemory=4000 Gres=gpu:4 State=UNKNOWN
-NodeName=sim[01-50] CPUs=16 RealMemory=4000 Gres=gpu:4 State=UNKNOWN
+NodeName=sim[01-50] NodeAddr=127.0.1.[1-50] Port=6899 CPUs=16 RealMemory=4000 Gres=gpu:4 State=UNKNOWN
 PartitionName=gpu Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
 PartitionName=sim Nodes=sim[01-50] MaxTime=INFINITE State=UP
 CONF
@@ -102,7 +104,12 @@ running() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 if [ "$changed" = 1 ]; then
     say "$SLURM_CONF changed: (re)starting slurmctld and slurmd"
     for pidfile in "$SLURM_STATE/slurmd.pid" "$SLURM_STATE/slurmctld.pid"; do
-        if running "$pidfile"; then kill "$(cat "$pidfile")"; sleep 2; fi
+        running "$pidfile" || continue
+        pid=$(cat "$pidfile")
+        kill "$pid"
+        # a daemon busy starting reads its signal late: wait for it to go, then kill it
+        for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+        if kill -0 "$pid" 2>/dev/null; then kill -9 "$pid"; sleep 1; fi
     done
 fi
 if ! running "$SLURM_STATE/slurmctld.pid"; then

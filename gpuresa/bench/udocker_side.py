@@ -20,6 +20,8 @@ from pathlib import Path
 from gpuresa.access import Account
 from gpuresa.backends.udocker import tools
 from gpuresa.backends.udocker.backend import UdockerBackend
+from gpuresa.backends.udocker.devices import driver_volumes
+from gpuresa.backends.udocker.images import make_container
 from gpuresa.bench.report import CONTAINER
 from gpuresa.bench.runner import BenchFailed, RunOutput
 from gpuresa.bench.workloads import CONTAINER_PYTHON, CONTAINER_SCRIPTS, Workload
@@ -45,15 +47,8 @@ class UdockerSide:
         """Load the template's image for the login and make the bench's container; the
         image's name."""
         key = "bench"
-        image = self.backend.load_image(key, self.account, template, cuda)
-        tools.run_udocker(self.config, self.account, ["create", f"--name={self.container}", image],
-                          key, 600)  # fmt: skip
-        try:
-            tools.run_udocker(self.config, self.account,
-                              ["setup", "--execmode=R1", self.container], key)  # fmt: skip
-        except BaseException:
-            self.remove()
-            raise
+        image = self.backend.images.load(key, self.account, template, cuda)
+        make_container(self.config, self.account, image, self.container, key)
         return image
 
     def remove(self) -> None:
@@ -69,7 +64,7 @@ class UdockerSide:
         arguments = ["run", "--nobanner", f"--volume={self.scripts}:{CONTAINER_SCRIPTS}"]
         arguments += [f"--device={device['PathOnHost']}" for device in gpu.devices]
         arguments += [f"--volume={source}:{target}" for source, target, _ in
-                      self.backend.driver_volumes(gpu.mounts)]  # fmt: skip
+                      driver_volumes(self.backend.root, gpu.mounts)]  # fmt: skip
         arguments += [f"--env={name}={value}" for name, value in sorted(values.items())]
         # the workload itself, not the image's entrypoint (a session's, which needs its files)
         arguments += [f"--entrypoint={command[0]}", self.container, *command[1:]]

@@ -26,7 +26,7 @@ from typing import Any
 
 from gpuresa.access import Account, host_account
 from gpuresa.backends.udocker import tools
-from gpuresa.backends.udocker.backend import UdockerBackend
+from gpuresa.backends.udocker.images import UdockerImages, container_exists, make_container
 from gpuresa.backends.udocker.run_command import session_run
 from gpuresa.config.sections import Config
 from gpuresa.runtime.errors import SessionError
@@ -49,13 +49,14 @@ class JobContainers:
     def __init__(self, config: Config) -> None:
         self.config = udocker_config(config)
         # images: built by the image engine, saved, loaded per login (as on udocker hosts)
-        self.images = UdockerBackend(self.config)
+        self.images = UdockerImages(self.config)
 
     def provisioned(self, template: str | None, cuda: str | None) -> bool:
-        return self.images.provisioned(template, cuda)
+        return template is None or self.images.present(template, cuda)
 
     def provision(self, template: str | None, cuda: str | None) -> None:
-        self.images.provision(template, cuda)
+        if template is not None:
+            self.images.ensure(template, cuda)
 
     def _account(self, user: str) -> Account:
         account = host_account(user)
@@ -68,11 +69,10 @@ class JobContainers:
         user); nothing when it is there already. Raises `SessionError` (`ImageMissing` when
         the image is not built yet)."""
         account = self._account(user)
-        image = self.images.load_image(key, account, template, cuda)
-        if self.images.container_exists(account, name):
+        image = self.images.load(key, account, template, cuda)
+        if container_exists(self.config, account, name):
             return
-        tools.run_udocker(self.config, account, ["create", f"--name={name}", image], key, 600)
-        tools.run_udocker(self.config, account, ["setup", "--execmode=R1", name], key)
+        make_container(self.config, account, image, name, key)
         log.info("%s: container %s made for %s from %s", key, name, user, image)
 
     def remove(self, key: str, user: str, name: str) -> None:

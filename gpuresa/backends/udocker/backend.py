@@ -12,74 +12,35 @@ as for the engines (`gpuresa.runtime.session_files`), mounted read-only.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import secrets
-import shutil
 import signal
-import stat
 import time
 from collections.abc import Collection
 from datetime import UTC, datetime, timedelta
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
-from gpuresa.access import LOWEST_HOST_UID, AccessError, Account, authorized_keys, host_account
+from gpuresa.access import AccessError, Account, authorized_keys, host_account
 from gpuresa.backends.udocker import launch, tools
-from gpuresa.backends.udocker.cgroups import CGROUP_ROOT, SessionCgroup, listed
+from gpuresa.backends.udocker.cgroups import CGROUP_ROOT, SessionCgroup, remove_others
+from gpuresa.backends.udocker.devices import denied_devices, driver_volumes
+from gpuresa.backends.udocker.host import check_host, login_output, session_account
+from gpuresa.backends.udocker.images import UdockerImages, container_exists, make_container
 from gpuresa.backends.udocker.records import Record, Records, write_file
 from gpuresa.backends.udocker.run_command import session_run
 from gpuresa.config.sections import Config, HostConfig
 from gpuresa.model import Session, SessionSpec
 from gpuresa.outputs.disk import start_refusal
-from gpuresa.outputs.owners import output_owner, prepare_login_folder
-from gpuresa.runtime.engine import Engine
-from gpuresa.runtime.engines import engine_kind
-from gpuresa.runtime.errors import ImageMissing, SessionError
+from gpuresa.runtime.errors import SessionError
 from gpuresa.runtime.gpus import HostGpus, host_gpu_access
-from gpuresa.runtime.images import Images
 from gpuresa.runtime.limits import SessionLimits, local_totals, session_limits
-from gpuresa.runtime.output import output_path
 from gpuresa.runtime.payload import MAIN_ROLE, safe_key, utc_text
 from gpuresa.runtime.records import EndRecords
 from gpuresa.runtime.session_files import SessionFacts, SessionFiles, end_text, session_facts
 from gpuresa.runtime.specs import check_spec, new_spec
-from gpuresa.runtime.templates import resolve_template
 
 log = logging.getLogger(__name__)
-
-OUTPUT_MODE = 0o750
-
-
-# the nodes every container has: never denied, whatever a GPU node's number is
-CONTAINER_NODES = ("null", "zero", "full", "random", "urandom", "tty")
-
-
-def denied_devices(given: Collection[dict[str, str]]) -> list[tuple[str, int, int]]:
-    """The (type, major, minor) of the host's NVIDIA nodes a session is not given.
-
-    Every `/dev/nvidia*` when it has no GPUs, else each `/dev/nvidia<N>` of a GPU
-    it did not book. The session's devices cgroup denies them, so no process of
-    it opens another GPU, whatever node it finds. A number also borne by a node
-    the session is given, or by one every container has, is never denied.
-    """
-    paths = {device["PathOnHost"] for device in given}
-    kept = set()
-    for path in [*paths, *(f"/dev/{name}" for name in CONTAINER_NODES)]:
-        with contextlib.suppress(OSError):
-            kept.add(os.stat(path).st_rdev)
-    denied = []
-    for node in sorted(Path("/dev").glob("nvidia*")):
-        if str(node) in paths or (paths and not node.name[len("nvidia") :].isdigit()):
-            continue
-        try:
-            details = os.stat(node)
-        except OSError:
-            continue
-        if stat.S_ISCHR(details.st_mode) and details.st_rdev not in kept:
-            rdev = details.st_rdev
-            denied.append(("c", os.major(rdev), os.minor(rdev)))
-    return denied
 
 
 class UdockerBackend:
@@ -94,6 +55,7 @@ class UdockerBackend:
         self.files = SessionFiles(self.root / "files", root_mode=0o711, folder_mode=0o750)
         self.ends = EndRecords(config.daemon.state_dir / "sessions")
         self.cgroup_root = cgroup_root
+        self.images = UdockerImages(config)
         self._gpus = HostGpus()
 
     @property
@@ -106,28 +68,8 @@ class UdockerBackend:
     # --- what the host has -----------------------------------------------------------------
 
     def check(self) -> None:
-        """Refuse a host where sessions could not be confined: no runc, python3 or cgroups."""
-        udocker = self.config.udocker
-        for path, what in ((udocker.runc, "runc"), (udocker.python, "python3")):
-            if not os.access(path, os.X_OK):
-                raise SessionError(f"udocker.{what if what == 'runc' else 'python'}: {path} "
-                                   "is not an executable")  # fmt: skip
-        for name in ("pids", "memory", "cpu", "freezer"):
-            if not (self.cgroup_root / name / "cgroup.procs").exists():
-                raise SessionError(
-                    f"the host has no cgroup v1 {name} controller at {self.cgroup_root / name}: "
-                    "udocker sessions could not be stopped or limited"
-                )
-        for folder in [self.root, *self.root.parents]:
-            with contextlib.suppress(FileNotFoundError):
-                if not os.stat(folder).st_mode & stat.S_IXOTH:
-                    raise SessionError(
-                        f"{folder} is not traversable by users: their udocker and sshd could not "
-                        f"reach {self.root} (set [udocker] root elsewhere)"
-                    )
-        for tool in ("setpriv", "setsid", "nsenter"):
-            if shutil.which(tool) is None:
-                raise SessionError(f"{tool} (util-linux) is not installed")
+        """Refuse a host where sessions could not be confined (`host.check_host`)."""
+        check_host(self.config, self.root, self.cgroup_root)
 
     def host_gpus(self) -> tuple[int, ...]:
         return self._gpus.indices(self.host)
@@ -143,72 +85,17 @@ class UdockerBackend:
 
     def account(self, spec: SessionSpec) -> Account:
         """The login's host account; `SessionError` when it has none (sessions run as it)."""
-        account = host_account(spec.user)
-        if account is None:
-            raise SessionError(
-                f"session {spec.key}: login {spec.user!r} has no account on host "
-                f"{spec.host}: udocker sessions run as the user's own account"
-            )
-        if account.uid < LOWEST_HOST_UID:
-            # a system account (root, a database's, a daemon's): no booking runs as it
-            raise SessionError(
-                f"session {spec.key}: login {spec.user!r} is a system account on host "
-                f"{spec.host} (uid {account.uid}, below {LOWEST_HOST_UID})"
-            )
-        return account
+        return session_account(spec)
 
     # --- images ----------------------------------------------------------------------------
 
-    def _archive(self, template: str, cuda: str | None) -> Path | None:
-        images = self.config.udocker.images
-        return images.get(f"{template}:{cuda}") or images.get(template)
-
-    def _engine_images(self) -> Images:
-        udocker = self.config.udocker
-        if udocker.image_engine == "none":
-            raise ImageMissing(
-                "this host builds no images (udocker.image_engine = \"none\"): "
-                "name an archive in udocker.images", "", None,
-            )  # fmt: skip
-        kind = engine_kind(udocker.image_engine)
-        engine = Engine(None, base_url=udocker.image_engine_socket or kind.default_socket)
-        return Images(self.config.templates, engine, self.config.daemon.host)
-
-    def archive(self, template: str, cuda: str | None) -> tuple[Path, str] | None:
-        """The image archive of a template's variant and the image it holds; None when the
-        image is not built yet (never builds)."""
-        _, variant = resolve_template(self.config.templates, template, cuda)
-        configured = self._archive(template, variant.name)
-        if configured is not None:
-            return (configured, tools.archive_name(configured)) if configured.exists() else None
-        name = self._engine_images().present_tag(template, variant.name)
-        if name is None:
-            return None
-        saved = self.root / "images" / f"{safe_key(name)}.tar"
-        return (saved, name) if saved.exists() else None
-
     def image_present(self, template: str, cuda: str | None) -> bool:
         """Whether sessions of the template's variant can start without a build or a save."""
-        try:
-            return self.archive(template, cuda) is not None
-        except SessionError:
-            return False
+        return self.images.present(template, cuda)
 
     def ensure_image(self, template: str, cuda: str | None) -> str:
         """Build the template's image with the image engine and save its archive (minutes)."""
-        _, variant = resolve_template(self.config.templates, template, cuda)
-        configured = self._archive(template, variant.name)
-        if configured is not None:
-            return tools.archive_name(configured)
-        name = self._engine_images().ensure_image(template, variant.name)
-        tools.ensure_folder(self.root / "images")
-        saved = self.root / "images" / f"{safe_key(name)}.tar"
-        if not saved.exists():
-            partial = saved.with_suffix(".part")
-            self._engine_images().engine.save_image(name, str(partial))
-            os.chmod(partial, 0o644)
-            os.replace(partial, saved)
-        return name
+        return self.images.ensure(template, cuda)
 
     def ensure_ftp_image(self) -> str:
         """udocker sessions have no FTP sidecar (their sshd serves SFTP): nothing to build."""
@@ -226,25 +113,6 @@ class UdockerBackend:
         """Build and save the template's image when missing (minutes)."""
         if template is not None:
             self.ensure_image(template, cuda)
-
-    def _load(self, spec: SessionSpec) -> str:
-        """Load `spec`'s image into the login's repository when missing (seconds); its name."""
-        return self.load_image(spec.key, self.account(spec), spec.template, spec.cuda)
-
-    def load_image(self, key: str, account: Account, template: str, cuda: str | None) -> str:
-        """Load the template's image into `account`'s repository when missing (seconds); its
-        name. Raises `ImageMissing` when the image is not built yet."""
-        found = self.archive(template, cuda)
-        if found is None:
-            raise ImageMissing(
-                f"session {key}: the image of {template} is not built yet", template, cuda
-            )
-        archive, name = found
-        tools.ensure_repository(self.config, account)
-        if not tools.image_loaded(self.config, account.login, name):
-            tools.run_udocker(self.config, account, ["load", "-i", str(archive)], key, 900)
-            log.info("%s: image %s loaded for %s", key, name, account.login)
-        return name
 
     # --- what the daemon asks of a Docker runtime, for udocker ------------------------------
 
@@ -326,7 +194,7 @@ class UdockerBackend:
         self.check_spec(spec)
         self.check()
         account = self.account(spec)
-        name = self._load(spec)
+        name = self.images.load(key, account, spec.template, spec.cuda)
         refusal = start_refusal(self.config, key)
         if refusal is not None:
             raise SessionError(f"session {key}: {refusal}")
@@ -338,7 +206,7 @@ class UdockerBackend:
         gpu = host_gpu_access(self.host, spec.gpus)
         self._end(key, finish=False)
         self.files.close_gate(key, self._gate_text(spec))
-        output_dir = self._output(spec, account)
+        output_dir = login_output(self.config, spec, account)
         # a name of its own each time: the removal of an earlier one may still run
         container = f"gpuresa-{safe_key(key)[:40]}-{secrets.token_hex(4)}"
         record = Record(spec, account.uid, account.gid, output_dir, container)
@@ -359,10 +227,7 @@ class UdockerBackend:
                 launch.sshd_config(spec.ssh_port, address, spec.user, folder, files, host_key),
             )
             tools.ensure_repository(self.config, account)
-            tools.run_udocker(
-                self.config, account, ["create", f"--name={container}", name], key, 600
-            )
-            tools.run_udocker(self.config, account, ["setup", "--execmode=R1", container], key)
+            make_container(self.config, account, name, container, key)
             cgroup = self.cgroup(key)
             cgroup.create(self.limits(spec), self.config.limits.pids)
             cgroup.deny_devices(denied_devices(gpu.devices))
@@ -389,7 +254,7 @@ class UdockerBackend:
             )
             write_file(folder / "sshd.pid", f"{launch.find_listener(cgroup)}\n")
         except SessionError as error:
-            logs = self._log_tail(folder)
+            logs = self.records.log_tail(key)
             self._end(key, finish=False)
             raise SessionError(f"session {key} could not be prepared: {error}{logs}") from None
         log.info(
@@ -397,26 +262,6 @@ class UdockerBackend:
             key, spec.user, account.uid, spec.template, list(spec.gpus), spec.ssh_port,
         )  # fmt: skip
         return record.session("created")
-
-    def container_exists(self, account: Account, container: str) -> bool:
-        repo = tools.repository(self.config, account.login)
-        return (repo / "containers" / container).exists()
-
-    def _output(self, spec: SessionSpec, account: Account) -> Path:
-        """The session's output folder at its final place, the login's own from the start."""
-        final = output_path(self.config, spec)
-        try:
-            owner = output_owner(spec.user, self.config)
-            prepare_login_folder(self.config, owner)
-            # the login's folder is root's with the login's group (0750): the login passes
-            final.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-            final.mkdir(mode=OUTPUT_MODE, exist_ok=True)
-            if final.is_symlink() or not final.is_dir():
-                raise SessionError(f"output folder {final} is not a folder")
-            os.lchown(final, account.uid, account.gid)
-        except (AccessError, OSError) as error:
-            raise SessionError(f"cannot make output folder {final}: {error}") from None
-        return final
 
     def _start_container(
         self,
@@ -437,7 +282,7 @@ class UdockerBackend:
             record.container,
             files,
             record.output_dir,
-            volumes=self.driver_volumes(mounts),
+            volumes=driver_volumes(self.root, mounts),
             devices=[device["PathOnHost"] for device in devices],
             values=environment,
         )
@@ -448,31 +293,6 @@ class UdockerBackend:
             run.environment,
             self.records.folder(spec.key) / "udocker.log",
         )
-
-    def driver_volumes(self, mounts: list[dict[str, object]]) -> list[tuple[str, str, bool]]:
-        """The driver's files, copied once per host into folders (udocker binds folders only)."""
-        volumes: dict[str, str] = {}
-        for mount in mounts:
-            source, target = Path(str(mount["Source"])), PurePosixPath(str(mount["Target"]))
-            folder = self.root / "driver" / target.parent.name
-            tools.ensure_folder(folder)
-            copy = folder / source.name
-            details = source.stat()
-            if not copy.exists() or copy.stat().st_size != details.st_size:
-                shutil.copy2(source, copy)
-            volumes[str(folder)] = str(target.parent)
-        return [(source, target, True) for source, target in volumes.items()]
-
-    def _log_tail(self, folder: Path) -> str:
-        tails = []
-        for name in ("udocker.log", "sshd.log"):
-            try:
-                text = (folder / name).read_text(errors="replace").strip()
-            except OSError:
-                continue
-            if text:
-                tails.append(f"\n--- {name}:\n" + "\n".join(text.splitlines()[-15:]))
-        return "".join(tails)
 
     # --- the end of a session --------------------------------------------------------------
 
@@ -519,7 +339,7 @@ class UdockerBackend:
         if record is None:
             return None
         account = host_account(record.spec.user)
-        if account is not None and self.container_exists(account, record.container):
+        if account is not None and container_exists(self.config, account, record.container):
             # its files go in the background, as the user: nothing of it runs any more
             tools.remove_detached(self.config, account, record.container, key)
         return record
@@ -558,17 +378,10 @@ class UdockerBackend:
 
     def cleanup(self, busy: Collection[str]) -> list[str]:
         """Remove cgroups of this host that no session record names (never a busy key's)."""
-        known = {safe_key(record.spec.key) for record in self.records.all()}
-        protected = {safe_key(key) for key in busy}
-        removed = []
-        for name in listed(self.config.daemon.host, self.cgroup_root):
-            if name in known or name in protected:
-                continue
-            cgroup = SessionCgroup(self.config.daemon.host, name, self.cgroup_root)
-            cgroup.kill_all()
-            cgroup.remove()
-            removed.append(f"cgroup {name}")
-        return removed
+        kept = {safe_key(record.spec.key) for record in self.records.all()}
+        kept |= {safe_key(key) for key in busy}
+        removed = remove_others(self.config.daemon.host, kept, self.cgroup_root)
+        return [f"cgroup {name}" for name in removed]
 
     # --- for the admin commands ------------------------------------------------------------
 

@@ -17,7 +17,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
 
 from gpuresa.runtime.errors import SessionError
@@ -165,6 +165,18 @@ def listed(host: str, root: Path = CGROUP_ROOT) -> list[str]:
         return sorted(entry.name for entry in folder.iterdir() if entry.is_dir())
     except OSError:
         return []
+
+
+def remove_others(host: str, kept: Collection[str], root: Path = CGROUP_ROOT) -> list[str]:
+    """Kill and remove this host's session cgroups whose name is not in `kept`; theirs."""
+    removed = []
+    for name in listed(host, root):
+        if name not in kept:
+            cgroup = SessionCgroup(host, name, root)
+            cgroup.kill_all()
+            cgroup.remove()
+            removed.append(name)
+    return removed
 
 
 def _write(path: Path, text: str) -> None:

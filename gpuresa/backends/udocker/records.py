@@ -183,6 +183,18 @@ class Records:
             shutil.rmtree(making, ignore_errors=True)
         return path
 
+    def log_tail(self, key: str) -> str:
+        """The last lines of the session's udocker and sshd logs, to tell why it failed."""
+        tails = []
+        for name in ("udocker.log", "sshd.log"):
+            try:
+                text = (self.folder(key) / name).read_text(errors="replace").strip()
+            except OSError:
+                continue
+            if text:
+                tails.append(f"\n--- {name}:\n" + "\n".join(text.splitlines()[-15:]))
+        return "".join(tails)
+
     def remove(self, key: str) -> None:
         shutil.rmtree(self.folder(key), ignore_errors=True)
 
