@@ -32,10 +32,7 @@ from gpuresa.runtime.payload import session_name
 
 def wait_until_running(daemon: Daemon, key: str, timeout: float) -> None:
     """Wait until the journal says the session of `key` runs; fail the test after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and daemon.journal.state(key) != "running":
-        time.sleep(0.1)
-    assert daemon.journal.state(key) == "running"
+    wait_for(lambda: daemon.journal.state(key) == "running", timeout, f"session {key} to run")
 
 
 def test_daemon_waits_for_docker_and_starts_the_session_when_it_is_back(
@@ -105,11 +102,11 @@ def test_a_start_notice_that_could_not_be_sent_is_sent_later(
         assert daemon.outbox is not None
         outbox = daemon.outbox
         # the SMTP server was unreachable: the notice waits in the outbox with its error
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and not any(
-            message.attempts for message in outbox.pending()
-        ):
-            time.sleep(0.1)
+        wait_for(
+            lambda: any(message.attempts for message in outbox.pending()),
+            20,
+            "a failed attempt in the outbox",
+        )
         [waiting] = outbox.pending()
         assert (waiting.key, waiting.attempts) == ("notice-1", 1)
         assert waiting.kind is not None and waiting.kind.startswith("start")
@@ -120,10 +117,8 @@ def test_a_start_notice_that_could_not_be_sent_is_sent_later(
         )
         messages = smtp_server.wait_for(1, timeout=30)
         assert "ready" in str(messages[0]["Subject"])
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and not outbox.sent("notice-1", waiting.kind):
-            time.sleep(0.05)
-        assert outbox.sent("notice-1", waiting.kind)
+        kind = waiting.kind
+        wait_for(lambda: outbox.sent("notice-1", kind), 5, "the notice to be marked sent")
         assert outbox.backlog() == 0
         time.sleep(2)
         assert len(smtp_server.messages) == 1
@@ -149,13 +144,12 @@ def test_a_crashed_ftp_sidecar_is_restarted_without_touching_the_users_container
         main, sidecar = containers["main"], containers["ftp"]
         main_started = main.attrs["State"]["StartedAt"]
         sidecar.kill()
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
+
+        def sidecar_running() -> bool:
             sidecar.reload()
-            if sidecar.status == "running":
-                break
-            time.sleep(0.2)
-        assert sidecar.status == "running"
+            return bool(sidecar.status == "running")
+
+        wait_for(sidecar_running, 20, "the sidecar to run again")
         main.reload()
         assert main.status == "running"
         assert main.attrs["State"]["StartedAt"] == main_started
@@ -181,12 +175,14 @@ def test_sessions_ending_together_stop_side_by_side(
     daemon = Daemon(config)
     daemon.start()
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and any(
-            daemon.journal.state(key) not in ("running", "warned")
-            for key in ("together-1", "together-2")
-        ):
-            time.sleep(0.2)
+        wait_for(
+            lambda: all(
+                daemon.journal.state(key) in ("running", "warned")
+                for key in ("together-1", "together-2")
+            ),
+            30,
+            "both sessions to run",
+        )
         mains = [c for c in docker_harness.ours() if c.labels["gpuresa.role"] == "main"]
         assert len(mains) == 2
         for main in mains:
@@ -196,11 +192,11 @@ def test_sessions_ending_together_stop_side_by_side(
                 user="alice",
                 detach=True,
             )
-        deadline = time.monotonic() + (end - datetime.now(UTC)).total_seconds() + 3 * grace + 10
-        while time.monotonic() < deadline and docker_harness.sessions():
-            time.sleep(0.1)
-        gone = datetime.now(UTC)
-        assert docker_harness.sessions() == []
+        gone = wait_for(
+            lambda: None if docker_harness.sessions() else datetime.now(UTC),
+            (end - datetime.now(UTC)).total_seconds() + 3 * grace + 10,
+            "both sessions to be removed",
+        )
         # one grace period for both, not one after the other
         assert (gone - end).total_seconds() <= grace + 2.5
     finally:
@@ -299,10 +295,11 @@ def test_a_stop_interrupted_after_the_containers_went_is_finished_at_the_next_st
             assert len(ended) == 1
             assert str(session.output_dir) in ended[0].get_content()
         # finished in the first round, not by the hourly maintenance
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and second.journal.get_meta("unwinding:cut-1"):
-            time.sleep(0.1)
-        assert second.journal.get_meta("unwinding:cut-1") is None
+        wait_for(
+            lambda: second.journal.get_meta("unwinding:cut-1") is None,
+            20,
+            "the interrupted stop to be finished",
+        )
         assert second.journal.get_meta("stopping:cut-1") is None
         assert second.journal.state("cut-1") == "ended"
         assert not docker_harness.client.networks.list(names=[network])

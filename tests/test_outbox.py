@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SMTPServer, free_port
+from support.waiting import wait_for
 
 from gpuresa.config.reporting_sections import NotifyConfig
 from gpuresa.config.sections import UsersConfig
@@ -85,14 +86,6 @@ def silent_relay() -> Iterator[int]:
                 connection.close()
 
 
-def wait_until(condition: object, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            pytest.fail("condition not met in time")
-        time.sleep(0.05)
-
-
 def test_retry_delays_grow_then_stay_at_the_last() -> None:
     assert [retry_delay(attempt) for attempt in range(1, 8)] == [
         timedelta(seconds=15),
@@ -116,7 +109,7 @@ def test_a_relay_that_never_answers_delays_nothing_but_mail(
     assert outbox.enqueue("r1", "start", "alice@example.org", "Your session", "ssh …")
     assert time.monotonic() - began < 0.5
     # the worker is now stuck in the SMTP greeting, for up to notify.timeout (3 s)
-    wait_until(lambda: outbox._thread is not None and outbox.backlog() == 1, 5)
+    wait_for(lambda: outbox._thread is not None and outbox.backlog() == 1, 5, "the send under way")
     time.sleep(0.5)
     began = time.monotonic()
     outbox.stop(timeout=1.0)
@@ -139,7 +132,7 @@ def test_a_relay_that_never_answers_delays_nothing_but_mail(
     outbox.wake()
     [message] = smtp_server.wait_for(1)
     assert message["Subject"] == "Your session" and message["To"] == "alice@example.org"
-    wait_until(lambda: outbox.backlog() == 0)
+    wait_for(lambda: outbox.backlog() == 0, 15, "an empty outbox")
     assert outbox.sent("r1", "start")
     outbox.stop()
     time.sleep(0.3)
@@ -156,7 +149,7 @@ def test_a_restart_sends_what_was_not_sent_and_nothing_twice(
     first.start()
     assert first.enqueue("r1", "start", "alice@example.org", "started", "body")
     smtp_server.wait_for(1)
-    wait_until(lambda: first.sent("r1", "start"))
+    wait_for(lambda: first.sent("r1", "start"), 15, "the notice sent")
     first.stop()
     # queued but never sent: the daemon is killed before the worker runs again
     assert first.enqueue("r1", "end", "alice@example.org", "ended", "body")
@@ -170,7 +163,7 @@ def test_a_restart_sends_what_was_not_sent_and_nothing_twice(
     assert not second.enqueue("r1", "end", "alice@example.org", "ended", "body")
     second.start()
     messages = smtp_server.wait_for(3)
-    wait_until(lambda: second.backlog() == 0)
+    wait_for(lambda: second.backlog() == 0, 15, "an empty outbox")
     second.stop()
     time.sleep(0.5)
     assert sorted(message["Subject"] for message in smtp_server.messages) == [
@@ -207,11 +200,11 @@ def test_a_message_failing_for_too_long_is_dropped_and_journaled(journal: Journa
     outbox = Outbox(journal, notifier(closed, give_up_after=timedelta(hours=1)), clock)
     outbox.enqueue("r1", "end", "alice@example.org", "ended", "body")
     outbox.start()
-    wait_until(lambda: outbox.pending()[0].attempts == 1)
+    wait_for(lambda: outbox.pending()[0].attempts == 1, 15, "a first attempt")
     assert "cannot reach" in (outbox.pending()[0].last_error or "")
     clock.advance(timedelta(hours=2))
     outbox.wake()
-    wait_until(lambda: outbox.backlog() == 0)
+    wait_for(lambda: outbox.backlog() == 0, 15, "an empty outbox")
     outbox.stop()
     assert not outbox.sent("r1", "end")
     [entry] = [item for item in journal.history() if item.key == "r1"]
@@ -225,7 +218,7 @@ def test_an_invalid_address_is_dropped_at_once(journal: Journal, smtp_server: SM
     outbox.enqueue("r2", "start", "bob@example.org", "s", "b")
     outbox.start()
     smtp_server.wait_for(1)
-    wait_until(lambda: outbox.backlog() == 0)
+    wait_for(lambda: outbox.backlog() == 0, 15, "an empty outbox")
     outbox.stop()
     assert [item.detail for item in journal.history() if item.key == "r1"] == [
         "not a valid e-mail address: not an address"
@@ -249,7 +242,7 @@ def test_status_shows_the_backlog_and_the_oldest_unsent_with_its_error(
         clock.advance(timedelta(minutes=1))
         outbox.enqueue("r2", "end", "bob@example.org", "ended", "body")
         outbox.start()
-        wait_until(lambda: all(item.attempts == 1 for item in outbox.pending()))
+        wait_for(lambda: all(item.attempts == 1 for item in outbox.pending()), 15, "first attempts")
         outbox.stop()
     assert main(["status", "--json", "--config", str(config)]) == 0
     report = json.loads(capsys.readouterr().out)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from slurm_site import NODE, SlurmSite, slurm_site
+from support.waiting import wait_for
 from test_runtime import run, ssh_login
 
 from gpuresa.backends.slurm import slurm_name
@@ -51,6 +52,12 @@ def submit(user: str, gpus: int) -> str:
         capture_output=True, text=True, check=True, cwd="/",
     )  # fmt: skip
     return done.stdout.strip()
+
+
+def node_state() -> str:
+    shown = subprocess.run(["scontrol", "-o", "show", "node", NODE], capture_output=True,
+                           text=True, check=True).stdout  # fmt: skip
+    return shown.split("State=", 1)[1].split()[0]
 
 
 def wait_state(job: str, wanted: str, timeout: float = 30) -> str:
@@ -149,6 +156,30 @@ def test_a_partition_booking_gets_a_node_with_the_gpus(cluster: SlurmSite) -> No
     second = cluster.spec(gpus=2, place="partition:gpu")
     with pytest.raises(SessionError, match="no node of partition gpu has 2"):
         backend.check_spec(second)
+    backend.stop(first.key, timedelta(0))
+
+
+def test_a_booking_of_any_node_gets_one_that_runs_jobs(cluster: SlurmSite) -> None:
+    # sim01..sim50 sort before this node and have the GPUs, but no slurmd ever answered
+    # for them (UNKNOWN, then NOT_RESPONDING or DOWN): a job there would never run
+    backend = cluster.backend()
+    first = cluster.spec(place="")
+    backend.prepare(first)
+    shown = reservation_text(slurm_name("cluster", first.key))
+    assert f"Nodes={NODE} " in shown, shown
+    # the one node that answers is drained by an admin: nothing is placed on it
+    subprocess.run(["scontrol", "update", f"NodeName={NODE}", "State=DRAIN",
+                    "Reason=gpuresa test"], check=True)  # fmt: skip
+    try:
+        with pytest.raises(
+            SessionError, match=rf"not taking jobs: .*[A-Z+]*DRAIN[A-Z+]*: {NODE} \(1\)"
+        ):
+            backend.check_spec(cluster.spec(place=""))
+    finally:
+        subprocess.run(["scontrol", "update", f"NodeName={NODE}", "State=RESUME"], check=True)
+        # resumed, the node is "not responding" until its slurmd registers again (seconds)
+        wait_for(lambda: "RESPOND" not in node_state(), 60, f"{NODE} to answer again")
+    backend.check_spec(cluster.spec(place=""))
     backend.stop(first.key, timedelta(0))
 
 

@@ -7,12 +7,15 @@ hold is the backend's to refuse (tests/test_slurm.py, tests/test_slurm_e2e.py).
 from __future__ import annotations
 
 import dataclasses
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from test_reservations import VARIANTS, WINDOW, event, make_config
 
+from gpuresa.backends.slurm.gateway import Node
+from gpuresa.backends.slurm.placement import node_for
+from gpuresa.backends.slurm.records import Record
 from gpuresa.config.sections import Config
 from gpuresa.model import ReservationSet, Session, SessionSpec
 from gpuresa.planning.actions import Fail, Prepare, Start
@@ -20,6 +23,7 @@ from gpuresa.planning.facts import Inventory
 from gpuresa.planning.planner import plan
 from gpuresa.reservations.conflicts import host_gpu_count, resolve_conflicts
 from gpuresa.reservations.rules import read_calendar
+from gpuresa.runtime.errors import SessionError
 
 CLUSTER = [{"name": "cluster", "engine": "slurm", "ssh_ports": "20000-20009"}]
 
@@ -128,3 +132,65 @@ def session_of(spec: SessionSpec, state: str, node: str) -> Session:
         output_dir=Path("/out") / spec.key,
         place=node,
     )
+
+
+def node(name: str, state: str, gpus: int = 4, partitions: tuple[str, ...] = ("gpu",)) -> Node:
+    return Node(name, gpus, state, partitions)
+
+
+def placed(place: str, gpus: int) -> SessionSpec:
+    start = datetime(2026, 11, 24, 9, tzinfo=UTC)
+    return SessionSpec(
+        key="b", user="alice", host="cluster", template="pytorch", cuda=None,
+        gpus=tuple(range(gpus)), start=start, end=start + timedelta(hours=1), ssh_port=20000,
+        ftp_port=0, ftp_passive_first=0, ftp_passive_last=0, place=place,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("state", "takes"),
+    [
+        ("IDLE", True),
+        ("MIXED", True),
+        ("ALLOCATED", True),
+        ("IDLE+RESERVED", True),
+        ("IDLE+DRAIN", False),
+        ("MIXED+DRAIN", False),
+        ("DOWN", False),
+        ("DOWN+NOT_RESPONDING", False),
+        ("IDLE+NOT_RESPONDING", False),
+        ("UNKNOWN", False),
+        ("FUTURE", False),
+        ("IDLE+POWERED_DOWN", False),
+        ("IDLE+FAIL", False),
+    ],
+)
+def test_a_node_runs_jobs_only_when_it_answers_and_takes_work(state: str, takes: bool) -> None:
+    assert node("n1", state).runs_jobs is takes
+
+
+def test_any_node_means_the_first_that_runs_jobs_and_has_the_gpus() -> None:
+    nodes = {
+        item.name: item
+        for item in (
+            node("a1", "UNKNOWN+NOT_RESPONDING"),
+            node("a2", "IDLE+DRAIN"),
+            node("b1", "IDLE", gpus=1),
+            node("c1", "MIXED"),
+            node("d1", "IDLE", partitions=("big",)),
+        )
+    }
+    spec = placed("", 2)
+    assert node_for(spec, nodes, [], "").name == "c1"
+    assert node_for(spec, nodes, [], "big").name == "d1"
+    # another session of gpuresa holds c1's GPUs at that time: none is left
+    other = Record("o", "gpuresa-o", "bob", "cluster", "c1", "pytorch", None, 3,
+                   spec.start, spec.end, 20001)  # fmt: skip
+    with pytest.raises(SessionError) as refused:
+        node_for(spec, nodes, [other], "gpu")
+    assert str(refused.value) == (
+        "no node of partition gpu has 2 GPU(s) free; not taking jobs: "
+        "IDLE+DRAIN: a2 (1); UNKNOWN+NOT_RESPONDING: a1 (1)"
+    )
+    # a node named by the booking is taken whatever its state (an admin may resume it)
+    assert node_for(placed("a2", 2), nodes, [], "").name == "a2"

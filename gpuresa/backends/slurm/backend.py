@@ -38,6 +38,7 @@ from gpuresa.access import AccessError, authorized_keys, check_login, host_accou
 from gpuresa.backends.slurm.container import JobContainers
 from gpuresa.backends.slurm.gateway import Job, Node, SlurmGateway
 from gpuresa.backends.slurm.jobscript import JobSettings, job_script
+from gpuresa.backends.slurm.placement import node_for
 from gpuresa.backends.slurm.records import Record, Records
 from gpuresa.backends.slurm.reserver import Reserver
 from gpuresa.config.sections import Config
@@ -49,7 +50,6 @@ from gpuresa.runtime.session_files import SessionFacts, SessionFiles
 log = logging.getLogger(__name__)
 
 PREFIX = "gpuresa-"
-PARTITION = "partition:"
 _RUNNING = {"RUNNING"}
 _WAITING = {"PENDING", "CONFIGURING", "REQUEUED", "RESIZING", "SUSPENDED"}
 
@@ -93,42 +93,9 @@ class SlurmBackend:
         return tuple(range(max((node.gpus for node in self.gateway.nodes().values()), default=0)))
 
     def node_for(self, spec: SessionSpec) -> Node:
-        """The node of `spec`'s place; raises `SessionError` naming what is wrong."""
+        """The node of `spec`'s place (`placement.node_for`); raises `SessionError`."""
         nodes = self.gateway.nodes()
-        place = spec.place or (
-            PARTITION + self.config.slurm.partition if self.config.slurm.partition else ""
-        )
-        count = len(spec.gpus)
-        if not place.startswith(PARTITION) and place:
-            node = nodes.get(place)
-            if node is None:
-                raise SessionError(f"the cluster has no node {place!r}")
-            if count > node.gpus or any(index >= node.gpus for index in spec.gpus):
-                raise SessionError(f"{count} GPU(s) asked, but node {place} has {node.gpus}")
-            booked = self._gpus_booked(spec).get(node.name, 0)
-            if booked + count > node.gpus:
-                raise SessionError(
-                    f"{count} GPU(s) asked, but {booked} of the {node.gpus} of node {place} "
-                    "are booked through gpuresa at that time"
-                )
-            return node
-        partition = place.removeprefix(PARTITION)
-        members = [node for node in nodes.values() if not partition or partition in node.partitions]
-        if not members:
-            raise SessionError(f"the cluster has no partition {partition!r}")
-        busy = self._gpus_booked(spec)
-        for node in sorted(members, key=lambda item: item.name):
-            if busy.get(node.name, 0) + count <= node.gpus and "DOWN" not in node.state:
-                return node
-        raise SessionError(f"no node of partition {partition or '(any)'} has {count} GPU(s) free")
-
-    def _gpus_booked(self, spec: SessionSpec) -> dict[str, int]:
-        """GPUs that gpuresa's other sessions hold on each node during `spec`'s time."""
-        booked: dict[str, int] = {}
-        for record in self.records.all():
-            if record.key != spec.key and record.start < spec.end and spec.start < record.end:
-                booked[record.node] = booked.get(record.node, 0) + record.gpus
-        return booked
+        return node_for(spec, nodes, self.records.all(), self.config.slurm.partition or "")
 
     def check_spec(self, spec: SessionSpec) -> None:
         try:

@@ -30,6 +30,13 @@ _UNREACHABLE = re.compile(r"Unable to contact slurm controller|Connection refuse
 _FIELD = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z:/_]*)=(.*?)(?=\s+[A-Za-z][A-Za-z:/_]*=|\s*$)")
 
 
+# states and flags of `scontrol show node` under which a node runs no new job
+UNUSABLE_STATES = frozenset(
+    {"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "FUTURE", "NOT_RESPONDING",
+     "POWERED_DOWN", "POWER_DOWN", "POWERING_DOWN", "UNKNOWN", "REBOOT_ISSUED"}
+)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Node:
     """A node as the controller shows it."""
@@ -38,6 +45,12 @@ class Node:
     gpus: int
     state: str
     partitions: tuple[str, ...]
+
+    @property
+    def runs_jobs(self) -> bool:
+        """Whether a job given this node would run: it answers, is up, and takes work (not
+        down, drained, failed, powered off, not yet registered or not responding)."""
+        return not UNUSABLE_STATES.intersection(self.state.split("+"))
 
 
 @dataclass(frozen=True)
