@@ -14,9 +14,10 @@ lint: setup
 	$(VENV)/ruff format --check .
 	$(VENV)/mypy
 
-# three workers; tests that share one thing of the machine run on one (tests/conftest.py)
+# four workers (most of the suite waits on engines and daemons); tests that share one thing
+# of the machine run on one (tests/conftest.py); the slowest tests are listed at the end
 test: lint
-	$(VENV)/pytest -n 3 --dist loadgroup
+	$(VENV)/pytest -n 4 --dist loadgroup --durations=15
 
 # lint and the tests that need no engine, server or daemon (under a minute)
 test-fast: lint

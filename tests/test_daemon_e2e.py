@@ -272,7 +272,7 @@ def test_booking_lifecycle_with_extension_kill_and_calendar_outage(
     stack: Stack, docker_harness: DockerHarness
 ) -> None:
     start = next_second(12)
-    end = start + timedelta(seconds=40)
+    end = start + timedelta(seconds=35)
     event = stack.book("lifecycle-1", start, end, "alice", "template: pytorch\ngpus: 1")
     stack.start_daemon()
 
@@ -300,7 +300,7 @@ def test_booking_lifecycle_with_extension_kill_and_calendar_outage(
 
     # extended while running: the session keeps going past the old end
     component = event.icalendar_component
-    new_end = end + timedelta(seconds=25)
+    new_end = end + timedelta(seconds=20)
     component["DTEND"].dt = new_end
     event.save()
 
