@@ -167,3 +167,5 @@ class Session:
     id_range: IdRange | None = None
     # the node a scheduler runs it on ("" for an engine's session)
     place: str = ""
+    # the fingerprint of a host key of the session's own, for an sshd without a certificate
+    host_key: str = ""

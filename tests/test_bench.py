@@ -37,8 +37,8 @@ from gpuresa.errors import UserError
 from gpuresa.model import Reservation, Session
 from gpuresa.planning.facts import Inventory
 from gpuresa.runtime.create_payloads import gpu_access
+from gpuresa.runtime.labels import HOST_LABEL, KEY_LABEL
 from gpuresa.runtime.oneshot import BENCH_LABEL, oneshot_payload
-from gpuresa.runtime.payload import HOST_LABEL, KEY_LABEL
 
 FIXTURES = Path(__file__).parent / "fixtures" / "bench"
 NOW = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)

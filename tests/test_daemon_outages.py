@@ -27,7 +27,7 @@ from gpuresa.journal.store import Journal
 from gpuresa.mail.smtp import Notifier
 from gpuresa.reservations.catalog import SHIPPED_TEMPLATES
 from gpuresa.runtime import Runtime
-from gpuresa.runtime.payload import session_name
+from gpuresa.runtime.labels import session_name
 
 
 def wait_until_running(daemon: Daemon, key: str, timeout: float) -> None:

@@ -40,8 +40,8 @@ from gpuresa.outputs.host_ca import HostCA
 from gpuresa.outputs.messages import start_details
 from gpuresa.outputs.owners import output_owner
 from gpuresa.outputs.service import OutputService
+from gpuresa.runtime.labels import ftp_name
 from gpuresa.runtime.output_area import running_path
-from gpuresa.runtime.payload import ftp_name
 
 __all__ = ["host_login"]  # a fixture of test_runtime.py, used here too
 

@@ -21,7 +21,7 @@ from gpuresa.model import (
 )
 from gpuresa.planning.planner import plan
 from gpuresa.reservations.rules import read_calendar
-from gpuresa.runtime.payload import ftp_name, session_name
+from gpuresa.runtime.labels import ftp_name, session_name
 from gpuresa.runtime.specs import new_spec
 
 # what Docker accepts as a container or network name

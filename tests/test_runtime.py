@@ -46,10 +46,10 @@ from gpuresa.model import Session, SessionSpec
 from gpuresa.planning.allocation import AllocationError
 from gpuresa.runtime import Runtime, RuntimeUnavailable, SessionError, processes, stopping
 from gpuresa.runtime.engine import Engine, EngineRefused
+from gpuresa.runtime.labels import session_name
 from gpuresa.runtime.namespaces import require_user_namespaces
 from gpuresa.runtime.output import remap_base
 from gpuresa.runtime.output_area import running_path
-from gpuresa.runtime.payload import session_name
 
 LOGINS = ("alice", "bob")
 

@@ -48,7 +48,7 @@ from gpuresa.runtime import (
 )
 from gpuresa.runtime.engine import Engine
 from gpuresa.runtime.images import BUILT_FOR_LABEL, HASH_LABEL
-from gpuresa.runtime.payload import session_name
+from gpuresa.runtime.labels import session_name
 
 # tools gpuresa once ran in sessions (wall, pkill, pgrep, set-end.sh's tr) and tools
 # a stop might be tempted to use; each becomes a script that never returns

@@ -13,8 +13,8 @@ from gpuresa.config.reading import parse_config
 from gpuresa.model import SessionSpec
 from gpuresa.outputs import tree
 from gpuresa.runtime import SessionError
+from gpuresa.runtime.labels import safe_key
 from gpuresa.runtime.output import hand_over, output_path, prepare_output, remap_base
-from gpuresa.runtime.payload import safe_key
 
 REMAPPED = 100000
 

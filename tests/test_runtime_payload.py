@@ -30,13 +30,12 @@ from gpuresa.runtime.create_payloads import (
     passive_address,
 )
 from gpuresa.runtime.engines import Docker, Podman
-from gpuresa.runtime.payload import (
+from gpuresa.runtime.labels import (
     ftp_name,
     safe_key,
     session_from_labels,
     session_labels,
     session_name,
-    size_bytes,
 )
 
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -453,19 +452,6 @@ def test_labels_give_the_session_back() -> None:
 def test_labels_gpuresa_did_not_write_are_refused() -> None:
     with pytest.raises(KeyError):
         session_from_labels({"gpuresa.reservation": "x"}, "running", ())
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [("8g", 8 * 1024**3), ("512m", 512 * 1024**2), ("1024", 1024), ("2K", 2048)],
-)
-def test_sizes(text: str, expected: int) -> None:
-    assert size_bytes(text) == expected
-
-
-def test_a_bad_size_is_refused() -> None:
-    with pytest.raises(ValueError):
-        size_bytes("lots")
 
 
 def test_podman_sessions_ask_for_a_namespace_of_their_own_and_the_sidecar_shares_it() -> None:

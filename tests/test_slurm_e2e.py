@@ -125,7 +125,7 @@ def test_a_booking_runs_as_a_slurm_job_and_survives_a_daemon_kill(cluster: Slurm
     now = datetime.now(UTC).replace(microsecond=0)
     # the reservation is made at once (prepare_ahead 40 s) and seen well before the start,
     # even on a loaded machine
-    start, end = now + timedelta(seconds=45), now + timedelta(seconds=125)
+    start, end = now + timedelta(seconds=45), now + timedelta(seconds=105)
     folder = cluster.root / "calendar"
     (folder / "b.ics").write_text(ics_event("slurm-b", start, end, user, "gpus: 2"))
     (folder / "bad.ics").write_text(ics_event("slurm-bad", start, end, user, "node: nowhere"))

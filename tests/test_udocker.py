@@ -8,7 +8,9 @@ udocker repository once per module. Users log in with paramiko.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import os
 import shutil
 import stat
@@ -31,6 +33,7 @@ from gpuresa.backends.udocker import UdockerBackend, launch
 from gpuresa.config.reading import parse_config
 from gpuresa.gpus.cgroups import container_of
 from gpuresa.model import Session
+from gpuresa.outputs.messages import start_details
 from gpuresa.runtime import SessionError
 from gpuresa.runtime.limits import local_totals, session_limits
 
@@ -92,6 +95,13 @@ class Site:
         backend = open_backend(self.config)
         assert isinstance(backend, UdockerBackend)
         return backend
+
+    def host_key(self, session: Session) -> str:
+        """The SHA-256 fingerprint of the host key the session's sshd presents."""
+        with contextlib.closing(paramiko.Transport(("127.0.0.1", session.ssh_port))) as link:
+            link.start_client(timeout=15)
+            digest = hashlib.sha256(link.get_remote_server_key().asbytes()).digest()
+        return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
 
     def run(self, session: Session, command: str) -> tuple[int, str]:
         client = paramiko.SSHClient()
@@ -186,6 +196,17 @@ def test_a_session_runs_as_the_login_with_its_folders(site: Site) -> None:
     site.backend().message(spec.key, "ten minutes left")
     code, text = site.run(session, "cat /etc/gpuresa/session/message /etc/gpuresa/session/end")
     assert "ten minutes left" in text
+    # the start notice names the key the session's sshd presents, as made: the user
+    # replacing the public half in their own `ssh` folder changes nothing of it
+    presented = site.host_key(session)
+    assert presented in adopted[spec.key].host_key and presented.startswith("SHA256:")
+    public = next(Path(backend.records.folder(spec.key), "ssh").glob("*.pub"))
+    subprocess.run(["runuser", "-u", site.login, "--", "sh", "-c",
+                    f"ssh-keygen -q -t ed25519 -N '' -f {public.parent}/other && "
+                    f"cat {public.parent}/other.pub > {public}"], check=True)  # fmt: skip
+    again = site.backend().session(spec.key)
+    assert again is not None and presented in again.host_key
+    assert presented in start_details(site.config, again, "127.0.0.1")
 
 
 def test_stop_ends_what_ignores_sigterm_and_a_fork_bomb(site: Site) -> None:

@@ -126,7 +126,7 @@ sender = "gpuresa@example.org"
     # made as soon as the daemon runs: `udocker create` unpacks the image as the login, which
     # takes 15 s or more on a loaded 2-core machine, and the start must find it ready
     start = (datetime.now(UTC) + timedelta(seconds=35)).replace(microsecond=0)
-    end = start + timedelta(seconds=30)
+    end = start + timedelta(seconds=20)
     (folder / "calendar" / "ud-1.ics").write_text(ics_event("ud-1", start, end, login, ""))
     daemon = DaemonProcess(config_file, folder / "daemon.log")
     try:

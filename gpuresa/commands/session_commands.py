@@ -22,7 +22,7 @@ from gpuresa.errors import UserError
 from gpuresa.inert import echo
 from gpuresa.model import AD_HOC_PREFIX, Session
 from gpuresa.runtime import Runtime
-from gpuresa.runtime.payload import utc_text
+from gpuresa.runtime.labels import utc_text
 
 DEFAULT_LENGTH = "2h"
 

@@ -36,8 +36,8 @@ from pathlib import Path
 from gpuresa.config.sections import Config
 from gpuresa.outputs.disk import free_bytes, gibibytes, measure, mount_of, quota_problem
 from gpuresa.runtime.errors import SessionError
+from gpuresa.runtime.labels import safe_key
 from gpuresa.runtime.output_area import in_host_namespace, store
-from gpuresa.runtime.payload import safe_key
 
 log = logging.getLogger(__name__)
 

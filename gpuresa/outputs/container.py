@@ -1,6 +1,6 @@
 """The output service's container as plain data: its accounts and its create payload.
 
-Pure functions, like `gpuresa.runtime.payload` for sessions, so the tests pin
+Pure functions, like `gpuresa.runtime.labels` for sessions, so the tests pin
 what the service is given (see `service.py` for why each setting is there).
 """
 

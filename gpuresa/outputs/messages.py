@@ -40,7 +40,7 @@ def start_details(config: Config, session: Session, public_host: str) -> str:
     caller sends the notice without them rather than not at all).
     """
     if _runs_as_login(config, session):
-        text = _session_host_key(config, session)
+        text = _session_host_key(session)
     else:
         text = _certified_host_keys(config, public_host)
     if config.storage.sftp_port:
@@ -60,18 +60,15 @@ def _runs_as_login(config: Config, session: Session) -> bool:
         return False
 
 
-def _session_host_key(config: Config, session: Session) -> str:
+def _session_host_key(session: Session) -> str:
     """A udocker session's own host key (its login's sshd has no certificate)."""
-    from gpuresa.backends.udocker.records import host_key_fingerprint
-
-    fingerprint = host_key_fingerprint(config, session.key)
-    if fingerprint is None:
+    if not session.host_key:
         return ""
     return f"""
 Your session's SSH server presents a host key of its own; its fingerprint
 (check it when ssh asks):
 
-  {fingerprint}
+  {session.host_key}
 """
 
 

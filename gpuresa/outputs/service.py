@@ -66,8 +66,8 @@ from gpuresa.outputs.tree import remove_tree
 from gpuresa.reservations import catalog
 from gpuresa.runtime.engine import Engine
 from gpuresa.runtime.errors import SessionError
+from gpuresa.runtime.labels import HOST_LABEL, ROLE_LABEL
 from gpuresa.runtime.output import hand_over
-from gpuresa.runtime.payload import HOST_LABEL, ROLE_LABEL
 from gpuresa.runtime.probes import ssh_handshake
 from gpuresa.runtime.templates import (
     FTP_DEFAULT_BASE_IMAGE,

@@ -1,7 +1,8 @@
 """Sessions on Docker. The only package that imports `docker`; see `runtime.Runtime`.
 
 `Runtime` creates, starts, checks, adopts, messages and removes sessions;
-every Docker call goes through `engine.Engine`; `payload` builds the exact API
+every Docker call goes through `engine.Engine`; `labels` names sessions' objects
+and reads sessions back from their labels, `create_payloads` builds the exact API
 payloads, `templates` and `images` the session images, `stopping` and
 `processes` end sessions from the host, `session_files` writes what a
 session shows its user, `sidecar` brings back a lost FTP sidecar and

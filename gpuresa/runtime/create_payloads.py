@@ -17,8 +17,7 @@ from typing import Any
 from gpuresa.config.sections import Config, HostConfig, LimitsConfig
 from gpuresa.model import SessionSpec
 from gpuresa.runtime.errors import SessionError
-from gpuresa.runtime.limits import SessionLimits, ftp_limit_settings, limit_settings
-from gpuresa.runtime.payload import (
+from gpuresa.runtime.labels import (
     FTP_ROLE,
     MAIN_ROLE,
     ROLE_LABEL,
@@ -27,6 +26,7 @@ from gpuresa.runtime.payload import (
     safe_key,
     session_name,
 )
+from gpuresa.runtime.limits import SessionLimits, ftp_limit_settings, limit_settings
 
 SSH_CONTAINER_PORT = 22
 FTP_CONTAINER_PORT = 2121

@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 from gpuresa.runtime.engine import Engine
 from gpuresa.runtime.errors import SessionError
 from gpuresa.runtime.images import BUILT_FOR_LABEL, HASH_LABEL, Images
-from gpuresa.runtime.payload import HOST_LABEL, KEY_LABEL, NETWORK_ROLE, ROLE_LABEL
+from gpuresa.runtime.labels import HOST_LABEL, KEY_LABEL, NETWORK_ROLE, ROLE_LABEL
 
 log = logging.getLogger(__name__)
 

@@ -23,9 +23,9 @@ from gpuresa.runtime.engines import EngineKind, engine_kind
 from gpuresa.runtime.errors import RuntimeUnavailable, SessionError
 from gpuresa.runtime.gpus import HostGpus
 from gpuresa.runtime.images import Images
+from gpuresa.runtime.labels import HOST_LABEL, KEY_LABEL, session_name
 from gpuresa.runtime.limits import HostTotals, totals_from_info
 from gpuresa.runtime.lookup import Found, by_role, session_from
-from gpuresa.runtime.payload import HOST_LABEL, KEY_LABEL, session_name
 from gpuresa.runtime.records import EndRecords
 from gpuresa.runtime.session_files import (
     HOST_KEYS_FOLDER,

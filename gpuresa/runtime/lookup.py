@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from gpuresa.model import IdRange, Session
-from gpuresa.runtime.payload import FTP_ROLE, KEY_LABEL, MAIN_ROLE, ROLE_LABEL, session_from_labels
+from gpuresa.runtime.labels import FTP_ROLE, KEY_LABEL, MAIN_ROLE, ROLE_LABEL, session_from_labels
 
 log = logging.getLogger(__name__)
 

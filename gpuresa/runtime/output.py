@@ -23,7 +23,7 @@ from gpuresa.config.sections import Config
 from gpuresa.model import SessionSpec
 from gpuresa.outputs.tree import hand_tree
 from gpuresa.runtime.errors import SessionError
-from gpuresa.runtime.payload import safe_key
+from gpuresa.runtime.labels import safe_key
 
 log = logging.getLogger(__name__)
 

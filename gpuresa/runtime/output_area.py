@@ -38,7 +38,7 @@ from pathlib import Path
 from gpuresa.config.sections import Config
 from gpuresa.outputs.disk import mount_of
 from gpuresa.runtime.errors import SessionError
-from gpuresa.runtime.payload import safe_key
+from gpuresa.runtime.labels import safe_key
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from concurrent.futures import Future
 from gpuresa.model import Session
 from gpuresa.runtime.engine import Engine
 from gpuresa.runtime.errors import SessionError
+from gpuresa.runtime.labels import FTP_ROLE, MAIN_ROLE
 from gpuresa.runtime.lookup import Found, container_name, status
-from gpuresa.runtime.payload import FTP_ROLE, MAIN_ROLE
 from gpuresa.runtime.probes import ftp_greeting, ssh_handshake
 
 # How often readiness is probed while a session starts.

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from gpuresa.runtime.errors import SessionError
-from gpuresa.runtime.payload import safe_key, utc_text
+from gpuresa.runtime.labels import safe_key, utc_text
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Sessions on Docker: create, start, check, adopt, message, stop and remove them.
 
 A session is three Docker objects named after the host and the reservation key
-(see `payload.session_name`): a network of its own, the main container (the
+(see `labels.session_name`): a network of its own, the main container (the
 template's image with sshd for the booked login) and an FTP sidecar serving
 the output folder. All three carry `gpuresa.*` labels, so `list_sessions()`
 rebuilds every session from Docker alone and a restarted daemon adopts what
@@ -29,6 +29,7 @@ from gpuresa.runtime import garbage, stopping
 from gpuresa.runtime.engines import EngineKind
 from gpuresa.runtime.errors import SessionError
 from gpuresa.runtime.host_sessions import HostSessions
+from gpuresa.runtime.labels import HOST_LABEL, utc_text
 from gpuresa.runtime.lookup import (
     Found,
     by_key,
@@ -37,7 +38,6 @@ from gpuresa.runtime.lookup import (
     status,
 )
 from gpuresa.runtime.namespaces import require_user_namespaces
-from gpuresa.runtime.payload import HOST_LABEL, utc_text
 from gpuresa.runtime.session_files import SessionFacts, end_text
 from gpuresa.runtime.specs import new_spec
 from gpuresa.runtime.starting import start_session

@@ -47,7 +47,7 @@ from gpuresa.config.sections import StorageConfig
 from gpuresa.mail.notices import FTP_PASSWORD_PATH, printable
 from gpuresa.model import Session, SessionSpec
 from gpuresa.runtime.errors import SessionError
-from gpuresa.runtime.payload import safe_key, utc_text
+from gpuresa.runtime.labels import safe_key, utc_text
 
 log = logging.getLogger(__name__)
 

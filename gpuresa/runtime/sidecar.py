@@ -19,9 +19,9 @@ from gpuresa.runtime.create_payloads import ftp_payload
 from gpuresa.runtime.engine import dumps
 from gpuresa.runtime.errors import SessionError
 from gpuresa.runtime.host_sessions import HostSessions
+from gpuresa.runtime.labels import ROLE_LABEL, ftp_name, session_from_labels
 from gpuresa.runtime.lookup import container_name, status
 from gpuresa.runtime.output_area import running_path
-from gpuresa.runtime.payload import ROLE_LABEL, ftp_name, session_from_labels
 from gpuresa.runtime.probes import ftp_greeting
 from gpuresa.runtime.session_files import FTP_PASSWORD_FILE
 

@@ -11,7 +11,7 @@ from gpuresa.config.sections import Config
 from gpuresa.model import AD_HOC_PREFIX, Session, SessionSpec
 from gpuresa.planning.allocation import Holding, Ports, allocate_gpus, allocate_ports
 from gpuresa.runtime.errors import SessionError
-from gpuresa.runtime.payload import utc_text
+from gpuresa.runtime.labels import utc_text
 from gpuresa.runtime.templates import resolve_template
 
 

@@ -24,12 +24,7 @@ from gpuresa.runtime.engine import dumps
 from gpuresa.runtime.errors import EngineTimeout, ImageMissing, PortRefused, SessionError
 from gpuresa.runtime.gpus import host_gpu_access
 from gpuresa.runtime.host_sessions import HostSessions
-from gpuresa.runtime.layers import layer_plan
-from gpuresa.runtime.limits import session_limits
-from gpuresa.runtime.lookup import Found, container_name, status
-from gpuresa.runtime.output import make_output_folder, output_path, prepare_output, take_back
-from gpuresa.runtime.output_area import ensure_area, remember, running_path, stored_path
-from gpuresa.runtime.payload import (
+from gpuresa.runtime.labels import (
     FTP_ROLE,
     MAIN_ROLE,
     NETWORK_ROLE,
@@ -38,6 +33,11 @@ from gpuresa.runtime.payload import (
     session_labels,
     session_name,
 )
+from gpuresa.runtime.layers import layer_plan
+from gpuresa.runtime.limits import session_limits
+from gpuresa.runtime.lookup import Found, container_name, status
+from gpuresa.runtime.output import make_output_folder, output_path, prepare_output, take_back
+from gpuresa.runtime.output_area import ensure_area, remember, running_path, stored_path
 from gpuresa.runtime.readiness import log_tails, wait_ready
 from gpuresa.runtime.session_files import FTP_PASSWORD_FILE, HOST_KEYS_FOLDER
 from gpuresa.runtime.sidecar import revive_sidecar

@@ -34,8 +34,8 @@ from gpuresa.model import Session, SessionSpec
 from gpuresa.outputs.disk import start_refusal
 from gpuresa.runtime.errors import SessionError
 from gpuresa.runtime.gpus import HostGpus, host_gpu_access
+from gpuresa.runtime.labels import MAIN_ROLE, safe_key, utc_text
 from gpuresa.runtime.limits import SessionLimits, local_totals, session_limits
-from gpuresa.runtime.payload import MAIN_ROLE, safe_key, utc_text
 from gpuresa.runtime.records import EndRecords
 from gpuresa.runtime.session_files import SessionFacts, SessionFiles, end_text, session_facts
 from gpuresa.runtime.specs import check_spec, new_spec
@@ -144,8 +144,10 @@ class UdockerBackend:
             return "stopped"
         return "created" if self.files.gated(record.spec.key) else "running"
 
-    def _session(self, record: Record) -> Session:
-        return record.session(self._state(record), self.ends.recorded(record.spec.key))
+    def _session(self, record: Record, state: str | None = None) -> Session:
+        key = record.spec.key
+        state = state or self._state(record)
+        return record.session(state, self.ends.recorded(key), self.records.fingerprint(key))
 
     def list_sessions(self) -> list[Session]:
         host = self.config.daemon.host
@@ -181,7 +183,7 @@ class UdockerBackend:
         write_file(self.records.folder(spec.key) / "authorized_keys", keys)
         self.files.open_gate(spec.key)
         log.info("%s: let in (ssh port %d)", spec.key, spec.ssh_port)
-        return record.session("running", self.ends.recorded(spec.key))
+        return self._session(record, "running")
 
     def _gate_text(self, spec: SessionSpec) -> str:
         timezone = self.config.reservations.timezone
@@ -261,7 +263,7 @@ class UdockerBackend:
             "%s: prepared for %s as uid %d (udocker, template %s, GPUs %s, ssh %d)",
             key, spec.user, account.uid, spec.template, list(spec.gpus), spec.ssh_port,
         )  # fmt: skip
-        return record.session("created")
+        return self._session(record, "created")
 
     def _start_container(
         self,
@@ -321,7 +323,7 @@ class UdockerBackend:
         record = self._end_processes(key)
         if record is None:
             return
-        session = record.session("stopped", self.ends.recorded(key))
+        session = self._session(record, "stopped")
         self.records.remove(key)
         self.files.remove(key)
         self.ends.forget(key)

@@ -21,7 +21,7 @@ from gpuresa.runtime.engine import Engine
 from gpuresa.runtime.engines import engine_kind
 from gpuresa.runtime.errors import ImageMissing, SessionError
 from gpuresa.runtime.images import Images
-from gpuresa.runtime.payload import safe_key
+from gpuresa.runtime.labels import safe_key
 from gpuresa.runtime.templates import resolve_template
 
 log = logging.getLogger(__name__)

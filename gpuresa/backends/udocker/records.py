@@ -23,12 +23,13 @@ from datetime import datetime
 from pathlib import Path
 
 from gpuresa.access import Account
-from gpuresa.config.sections import Config
 from gpuresa.model import Session, SessionSpec
 from gpuresa.runtime.errors import SessionError
-from gpuresa.runtime.payload import parse_instant, safe_key, utc_text
+from gpuresa.runtime.labels import parse_instant, safe_key, utc_text
 
 HOST_KEY = "ssh_host_ed25519_key"
+# the host key's fingerprint, written by root beside the user's `ssh` folder
+FINGERPRINT = "host_key.fingerprint"
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class Record:
     output_dir: Path
     container: str
 
-    def session(self, state: str, end: datetime | None = None) -> Session:
+    def session(self, state: str, end: datetime | None = None, host_key: str = "") -> Session:
         spec = self.spec
         return Session(
             key=spec.key,
@@ -60,6 +61,7 @@ class Record:
             output_dir=self.output_dir,
             email=spec.email,
             containers=(self.container,),
+            host_key=host_key,
         )
 
 
@@ -176,12 +178,26 @@ class Records:
                     os.fchown(descriptor, account.uid, account.gid)
                 finally:
                     os.close(descriptor)
+            # its fingerprint, for the start notice, from the key as made (the `ssh` folder is
+            # the user's, and what is there later is theirs to change)
+            shown = subprocess.run(
+                ["ssh-keygen", "-l", "-E", "sha256", "-f", str(making / f"{HOST_KEY}.pub")],
+                check=True, capture_output=True, text=True, timeout=30,
+            )  # fmt: skip
+            write_file(session / FINGERPRINT, shown.stdout.strip() + "\n")
             # the public half first: the private key's presence says the pair is complete
             os.rename(making / f"{HOST_KEY}.pub", folder / f"{HOST_KEY}.pub")
             os.rename(making / HOST_KEY, path)
         finally:
             shutil.rmtree(making, ignore_errors=True)
         return path
+
+    def fingerprint(self, key: str) -> str:
+        """The SHA-256 fingerprint of the session's host key, as made ("" before it is)."""
+        try:
+            return (self.folder(key) / FINGERPRINT).read_text().strip()
+        except OSError:
+            return ""
 
     def log_tail(self, key: str) -> str:
         """The last lines of the session's udocker and sshd logs, to tell why it failed."""
@@ -197,21 +213,6 @@ class Records:
 
     def remove(self, key: str) -> None:
         shutil.rmtree(self.folder(key), ignore_errors=True)
-
-
-def host_key_fingerprint(config: Config, key: str) -> str | None:
-    """The SHA-256 fingerprint of session `key`'s host key (None when it has none)."""
-    from gpuresa.backends.udocker.tools import udocker_root
-
-    public = Records(udocker_root(config) / "sessions").folder(key) / "ssh" / f"{HOST_KEY}.pub"
-    try:
-        result = subprocess.run(
-            ["ssh-keygen", "-l", "-E", "sha256", "-f", str(public)],
-            capture_output=True, text=True, timeout=10, check=False,
-        )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return result.stdout.strip() if result.returncode == 0 else None
 
 
 def write_file(path: Path, text: str, mode: int = 0o644) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 from gpuresa.access import Account
 from gpuresa.backends.udocker import tools
 from gpuresa.config.sections import Config
-from gpuresa.runtime.payload import SESSION_FILES_TARGET
+from gpuresa.runtime.labels import SESSION_FILES_TARGET
 from gpuresa.runtime.templates import resolve_template
 
 # where gpuresa's scripts are in every session's container

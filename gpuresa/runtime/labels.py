@@ -26,16 +26,6 @@ NETWORK_ROLE = "network"
 # where the session's host-written files (banner, motd, end, message) appear, read-only
 SESSION_FILES_TARGET = PurePosixPath("/etc/gpuresa/session")
 
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
-
-
-def size_bytes(text: str) -> int:
-    """Bytes in a config size such as "8g", "512m" or "1024"."""
-    match = re.fullmatch(r"(\d+)([bkmgt]?)", text.strip().lower())
-    if not match:
-        raise ValueError(f"not a size: {text!r}")
-    return int(match.group(1)) * _SIZE_UNITS[match.group(2)]
-
 
 def safe_key(key: str) -> str:
     """A reservation key made fit for container names and paths, never colliding.
