@@ -19,9 +19,9 @@ lint: setup
 test: lint
 	$(VENV)/pytest -n 4 --dist loadgroup --durations=15
 
-# lint and the tests that need no engine, server or daemon (under a minute)
+# lint and the tests that need no engine, server or daemon (under a minute, one worker a core)
 test-fast: lint
-	$(VENV)/pytest -m "not services"
+	$(VENV)/pytest -m "not services" -n 2
 
 bench: setup
 	$(VENV)/python benchmarks/bench_reservations.py
