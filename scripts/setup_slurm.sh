@@ -106,10 +106,10 @@ if [ "$changed" = 1 ]; then
     for pidfile in "$SLURM_STATE/slurmd.pid" "$SLURM_STATE/slurmctld.pid"; do
         running "$pidfile" || continue
         pid=$(cat "$pidfile")
-        kill "$pid"
+        kill "$pid" 2>/dev/null || true  # it may have ended since
         # a daemon busy starting reads its signal late: wait for it to go, then kill it
         for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
-        if kill -0 "$pid" 2>/dev/null; then kill -9 "$pid"; sleep 1; fi
+        if kill -0 "$pid" 2>/dev/null; then kill -9 "$pid" 2>/dev/null || true; sleep 1; fi
     done
 fi
 if ! running "$SLURM_STATE/slurmctld.pid"; then

@@ -38,6 +38,7 @@ import pytest
 from conftest import BASE_IMAGE, PODMAN_SOCKET, TEST_HOST, DockerHarness
 from ftps_client import Ftps, FtpsError
 from support.configs import free_ports
+from support.gpu_nodes import stand_in_gpu_nodes
 
 from gpuresa.cli import main
 from gpuresa.config.reading import parse_config
@@ -760,26 +761,14 @@ def test_a_message_reaches_the_logged_in_user_and_never_fails(docker_site: Site)
 
 
 @pytest.fixture
-def stand_in_gpus() -> Iterator[list[str]]:
-    """Character devices at NVIDIA's paths (copies of /dev/null), made only where none exists."""
-    made = []
-    for name in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm"):
-        path = Path("/dev") / name
-        if path.exists():
-            continue
-        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
-        os.chmod(path, 0o666)
-        made.append(str(path))
-    try:
-        yield made
-    finally:
-        for path_text in made:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path_text)
+def stand_in_gpus() -> Iterator[dict[str, int]]:
+    """Character devices at NVIDIA's paths, made only where none exists (see support.gpu_nodes)."""
+    with stand_in_gpu_nodes() as numbers:
+        yield numbers
 
 
 def test_devices_mode_passes_the_booked_gpu_only(
-    tmp_path: Path, site: Site, stand_in_gpus: list[str]
+    tmp_path: Path, site: Site, stand_in_gpus: dict[str, int]
 ) -> None:
     drivers = tmp_path / "driver"
     drivers.mkdir()

@@ -10,7 +10,9 @@ what the cluster cannot serve is refused with its reason.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import hashlib
 import subprocess
 import time
 from collections.abc import Iterator
@@ -90,6 +92,12 @@ def test_a_booking_is_a_reservation_then_a_job_holding_its_gpus(cluster: SlurmSi
         code, output = run(client, f"srun --jobid={job} --overlap true && echo joined")
         assert "joined" in output, output
         run(client, "echo kept > $GPURESA_OUTPUT/result.txt")
+        # the start notice names the key the job's sshd presents
+        presented = client.get_transport().get_remote_server_key().asbytes()  # type: ignore[union-attr]
+        digest = base64.b64encode(hashlib.sha256(presented).digest()).decode().rstrip("=")
+        assert f" SHA256:{digest} " in started.host_key, started.host_key
+        with client.open_sftp() as sftp:
+            assert "result.txt" in sftp.listdir(str(started.output_dir))
     # the node's two other GPUs are the cluster's; a third is not
     other = cluster.users[1]
     fits, waits = submit(other, 2), submit(other, 1)
@@ -160,9 +168,13 @@ def test_a_partition_booking_gets_a_node_with_the_gpus(cluster: SlurmSite) -> No
 
 
 def test_a_booking_of_any_node_gets_one_that_runs_jobs(cluster: SlurmSite) -> None:
-    # sim01..sim50 sort before this node and have the GPUs, but no slurmd ever answered
-    # for them (UNKNOWN, then NOT_RESPONDING or DOWN): a job there would never run
+    # sim01..sim50 have the GPUs, but no slurmd ever answered for them (UNKNOWN, then
+    # NOT_RESPONDING or DOWN): a job there would never run. Where they sort before this
+    # node (hostname "vm") the first booking shows it; the drained node below shows it
+    # whatever the hostname (a placement that did not look would take sim01)
     backend = cluster.backend()
+    nodes = backend.gateway.nodes()
+    assert not nodes["sim01"].runs_jobs and nodes["sim01"].gpus == 4, nodes["sim01"]
     first = cluster.spec(place="")
     backend.prepare(first)
     shown = reservation_text(slurm_name("cluster", first.key))

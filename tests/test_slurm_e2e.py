@@ -11,6 +11,8 @@ with that reason, and the other goes on.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import pwd
 import signal
 import subprocess
@@ -29,6 +31,7 @@ from test_daemon_cli import ics_event
 from test_runtime import run
 
 from gpuresa.backends.factory import open_backend
+from gpuresa.backends.host_keys import fingerprint_in
 from gpuresa.backends.slurm import slurm_name
 from gpuresa.config.reading import load_config
 from gpuresa.journal.store import Journal
@@ -165,6 +168,14 @@ def test_a_booking_runs_as_a_slurm_job_and_survives_a_daemon_kill(cluster: Slurm
             assert code == 0 and output.split() == [user, "0,1", job_id, "in-container"], output
             code, output = run(client, "echo kept > /output/result.txt && ls /etc/gpuresa/session")
             assert code == 0 and "end" in output.split(), output
+            # SFTP too, in the container, as the start notice says
+            with client.open_sftp() as sftp, sftp.open("/output/result.txt") as handle:
+                assert handle.read() == b"kept\n"
+            # the key its sshd presents is the one whose fingerprint the start notice names
+            presented = client.get_transport().get_remote_server_key().asbytes()  # type: ignore[union-attr]
+            digest = base64.b64encode(hashlib.sha256(presented).digest()).decode().rstrip("=")
+            fingerprint = fingerprint_in(cluster.shared / "runs" / name / "host_key.pub")
+            assert fingerprint is not None and f" SHA256:{digest} " in fingerprint, fingerprint
         # on the node, outside: the container's first process is the user's own
         box = (cluster.shared / "runs" / name / "container.pid").read_text().split()[0]
         assert Path(f"/proc/{box}").stat().st_uid == pwd.getpwnam(user).pw_uid

@@ -161,7 +161,10 @@ def placed(place: str, gpus: int) -> SessionSpec:
         ("IDLE+NOT_RESPONDING", False),
         ("UNKNOWN", False),
         ("FUTURE", False),
-        ("IDLE+POWERED_DOWN", False),
+        ("IDLE+POWERED_DOWN", True),
+        ("IDLE+POWERING_DOWN", True),
+        ("IDLE+REBOOT_ISSUED", True),
+        ("IDLE+INVALID_REG", False),
         ("IDLE+FAIL", False),
     ],
 )

@@ -13,7 +13,6 @@ import contextlib
 import hashlib
 import os
 import shutil
-import stat
 import subprocess
 import time
 import uuid
@@ -25,11 +24,15 @@ from typing import Any
 import paramiko
 import pytest
 from conftest import BASE_IMAGE, TEST_HOST
+from support.gpu_nodes import stand_in_gpu_nodes
 from test_runtime import free_block
 
 from gpuresa.access import host_account
 from gpuresa.backends.factory import open_backend
-from gpuresa.backends.udocker import UdockerBackend, launch
+from gpuresa.backends.host_keys import fingerprint_of
+from gpuresa.backends.udocker import UdockerBackend, launch, tools
+from gpuresa.backends.udocker.images import container_exists, remake_container
+from gpuresa.backends.udocker.records import FINGERPRINT
 from gpuresa.config.reading import parse_config
 from gpuresa.gpus.cgroups import container_of
 from gpuresa.model import Session
@@ -199,7 +202,7 @@ def test_a_session_runs_as_the_login_with_its_folders(site: Site) -> None:
     # the start notice names the key the session's sshd presents, as made: the user
     # replacing the public half in their own `ssh` folder changes nothing of it
     presented = site.host_key(session)
-    assert presented in adopted[spec.key].host_key and presented.startswith("SHA256:")
+    assert f" {presented} " in adopted[spec.key].host_key
     public = next(Path(backend.records.folder(spec.key), "ssh").glob("*.pub"))
     subprocess.run(["runuser", "-u", site.login, "--", "sh", "-c",
                     f"ssh-keygen -q -t ed25519 -N '' -f {public.parent}/other && "
@@ -207,6 +210,18 @@ def test_a_session_runs_as_the_login_with_its_folders(site: Site) -> None:
     again = site.backend().session(spec.key)
     assert again is not None and presented in again.host_key
     assert presented in start_details(site.config, again, "127.0.0.1")
+    # a session made before fingerprints were kept: taken once from the public half, which
+    # the user may have changed (only their own notice says so), never through a link
+    kept = backend.records.folder(spec.key) / FINGERPRINT
+    kept.unlink()
+    public.unlink()
+    public.symlink_to(Path(public.parent, "other.pub"))
+    assert backend.records.fingerprint(spec.key) == "" and not kept.exists()
+    public.unlink()
+    shutil.copy(Path(public.parent, "other.pub"), public)
+    replaced = fingerprint_of(public.read_text())
+    assert backend.records.fingerprint(spec.key) == replaced != again.host_key
+    assert kept.read_text() == replaced + "\n"
 
 
 def test_stop_ends_what_ignores_sigterm_and_a_fork_bomb(site: Site) -> None:
@@ -245,6 +260,29 @@ def test_stop_ends_what_ignores_sigterm_and_a_fork_bomb(site: Site) -> None:
     backend.kill(spec.key)
 
 
+def test_a_container_name_given_again_is_made_afresh(site: Site) -> None:
+    # a Slurm job's container keeps its name: one left by a making that failed or was cut
+    # off (its removal not done) is removed before the name is given again
+    backend = site.backend()
+    spec = spec_of(site, backend)
+    account = host_account(site.login)
+    assert account is not None
+    image = backend.images.load(spec.key, account, spec.template, spec.cuda)
+    name = f"gpuresa-test-{uuid.uuid4().hex[:8]}"
+    link = tools.repository(site.config, site.login) / "containers" / name
+    assert not container_exists(site.config, account, name)
+    remake_container(site.config, account, image, name, spec.key)
+    first = link.resolve()
+    assert container_exists(site.config, account, name) and (first / "ROOT" / "bin").exists()
+    # the making cut off half-way: most of its files are gone
+    shutil.rmtree(first / "ROOT")
+    remake_container(site.config, account, image, name, spec.key)
+    again = link.resolve()
+    assert again != first and not first.exists() and (again / "ROOT" / "bin").exists()
+    tools.run_udocker(site.config, account, ["rm", "-f", name], spec.key)
+    assert not container_exists(site.config, account, name)
+
+
 def test_a_login_without_a_host_account_is_refused(site: Site) -> None:
     backend = site.backend()
     spec = backend.new_spec("nobodyhere", "pytorch", datetime.now(UTC) + timedelta(hours=1))
@@ -257,23 +295,9 @@ def test_a_login_without_a_host_account_is_refused(site: Site) -> None:
 
 @pytest.fixture(name="stand_in_gpus")
 def stand_in_gpus_fixture() -> Iterator[dict[str, int]]:
-    """NVIDIA's nodes where none exists: GPU 1 and the control nodes copies of /dev/null, GPU 0
-    a number no driver serves (opening it says ENXIO, where a denial says EPERM)."""
-    numbers = {"nvidia0": os.makedev(1, 200), "nvidia1": os.makedev(1, 3)}
-    made = []
-    for name in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm"):
-        path = Path("/dev") / name
-        if path.exists():
-            continue
-        os.mknod(path, 0o666 | stat.S_IFCHR, numbers.get(name, os.makedev(1, 3)))
-        os.chmod(path, 0o666)
-        made.append(path)
-    try:
-        yield {name: os.stat(f"/dev/{name}").st_rdev for name in ("nvidia0", "nvidia1")}
-    finally:
-        for path in made:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+    """NVIDIA's nodes where none exists: GPU 0 one no driver serves, GPU 1 /dev/null's."""
+    with stand_in_gpu_nodes() as numbers:
+        yield numbers
 
 
 def test_a_session_gets_its_gpus_share_of_the_host_and_no_other_gpu(

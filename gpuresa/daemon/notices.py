@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from gpuresa.config.sections import Config
-from gpuresa.errors import UserError
 from gpuresa.gpus.findings import GpuLostFromHost, GpuLostInSession, IdleBooking, UnbookedProcess
 from gpuresa.mail.notices import (
     SUBJECT_PREFIX,
@@ -30,17 +29,9 @@ from gpuresa.mail.outbox import Outbox
 from gpuresa.mail.smtp import Notifier
 from gpuresa.mail.wording import one_line
 from gpuresa.model import Rejection, Session
-from gpuresa.outputs.messages import end_details, start_details
+from gpuresa.outputs.messages import end_details, runs_as_login, start_details
 
 log = logging.getLogger(__name__)
-
-
-def _runs_as_login(config: Config, session: Session) -> bool:
-    """Whether the session runs as its login, with no FTPS sidecar (a udocker host's)."""
-    try:
-        return config.host(session.host).engine == "udocker"
-    except UserError:
-        return False
 
 
 def _digest(*parts: object) -> str:
@@ -91,11 +82,12 @@ class Notices:
         configured = self.notifier.configured_address(session.user)
         message = start_message(
             session,
-            self._public_host(),
+            # a scheduler's session listens on its node
+            session.place or self._public_host(),
             self._timezone,
             details=self._start_details(session),
             password_in_mail=configured is not None,
-            ftps=not _runs_as_login(self.config, session),
+            ftps=not runs_as_login(self.config, session),
         )
         return self._to_user(session.key, kind, session.user, email or session.email, message)
 

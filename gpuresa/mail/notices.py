@@ -63,7 +63,7 @@ def start_message(
 ) -> tuple[str, str]:
     """The notice sent when a session starts: how to log in, FTP access, the end.
 
-    Without `ftps` (a session with no FTPS sidecar: udocker's) the output is
+    Without `ftps` (a session with no FTPS sidecar: udocker's, a Slurm job's) the output is
     fetched over SFTP through the session's own SSH server, and the notice says so.
 
     Without `password_in_mail` (an address that came from the calendar, which

@@ -39,7 +39,7 @@ def start_details(config: Config, session: Session, public_host: str) -> str:
     Raises `OSError` when the CA or the FTPS certificate cannot be read (the
     caller sends the notice without them rather than not at all).
     """
-    if _runs_as_login(config, session):
+    if runs_as_login(config, session):
         text = _session_host_key(session)
     else:
         text = _certified_host_keys(config, public_host)
@@ -53,15 +53,17 @@ Your outputs of this host, during and after your sessions, read-only
     return text
 
 
-def _runs_as_login(config: Config, session: Session) -> bool:
+def runs_as_login(config: Config, session: Session) -> bool:
+    """Whether the session's sshd runs as its login, with a host key of its own and no FTPS
+    sidecar (a udocker host's session, a Slurm job)."""
     try:
-        return config.host(session.host).engine == "udocker"
+        return config.host(session.host).engine in ("udocker", "slurm")
     except UserError:
         return False
 
 
 def _session_host_key(session: Session) -> str:
-    """A udocker session's own host key (its login's sshd has no certificate)."""
+    """A session's own host key (udocker's, a Slurm job's: the login's sshd has no certificate)."""
     if not session.host_key:
         return ""
     return f"""

@@ -2,11 +2,12 @@
 
 One gpuresa daemon on the login or controller node serves the cluster (its
 `[[hosts]]` entry has `engine = "slurm"`). A session's place is a node, or
-`partition:<name>` where gpuresa picks the first node of the partition with
-the GPUs. Everything Slurm holds for session `key` is named
-`gpuresa-<12 hex digits of the host and key>`: its reservation and its job;
-a record in `<state_dir>/slurm/` (root's) remembers the rest, so a new
-backend object adopts both and never touches a reservation it did not make.
+`partition:<name>` where gpuresa picks the first node of the partition that
+takes jobs and has the GPUs free (see `placement.node_for`). Everything
+Slurm holds for session `key` is named `gpuresa-<12 hex digits of the host
+and key>`: its reservation and its job; a record in `<state_dir>/slurm/`
+(root's) remembers the rest, so a new backend object adopts both and never
+touches a reservation it did not make.
 
 Reserving GPUs (see `Reserver`): where Slurm reserves GRES (23.11 and later)
 the reservation holds `gres/gpu=N` on the node for the whole booking. Slurm
@@ -23,6 +24,7 @@ same node still waiting for its job is made when that job runs.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import math
@@ -35,6 +37,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from gpuresa.access import AccessError, authorized_keys, check_login, host_account
+from gpuresa.backends.host_keys import fingerprint_in
 from gpuresa.backends.slurm.container import JobContainers
 from gpuresa.backends.slurm.gateway import Job, Node, SlurmGateway
 from gpuresa.backends.slurm.jobscript import JobSettings, job_script
@@ -80,6 +83,8 @@ class SlurmBackend:
         self.reserver = Reserver(self.gateway, settings.gres_reservations, PREFIX)
         # the template's container in each job (None: the node's own sshd)
         self.containers = JobContainers(config) if settings.container == "udocker" else None
+        # each started session's host-key fingerprint (a restarted daemon's notices go without)
+        self._host_keys: dict[str, str] = {}
 
     # --- what the cluster can serve -------------------------------------------------------
 
@@ -127,10 +132,12 @@ class SlurmBackend:
             self.records.put(record)
             self._make_folders(record)
         if record.job is None:
-            if self.containers is not None:
+            if self.containers is not None and not record.container_made:
                 self.containers.make(
                     spec.key, record.user, record.template, record.cuda, record.name
                 )
+                record = record.with_container_made()
+                self.records.put(record)
             self.reserver.reserve(record, waiting_is_fine=True)
         return self._session(record, None)
 
@@ -157,6 +164,10 @@ class SlurmBackend:
             if other.node == record.node and other.key != record.key and other.job is None:
                 with contextlib.suppress(SessionError):
                     self.reserver.reserve(other, waiting_is_fine=True)
+        # the host key the job made, for the start notice (made before its sshd answered)
+        found = fingerprint_in(self.runs / record.name / "host_key.pub")
+        if found:
+            self._host_keys[record.key] = found
         # node reservations are gone once handed over; GRES reservations stand to the end
         return self._session(record, job, reserved=self.reserver.gres_mode())
 
@@ -300,7 +311,8 @@ class SlurmBackend:
             state = "stopped"
         else:
             state = "created"
-        return record.session(state, Path(record.output), reserved=reserved)
+        session = record.session(state, Path(record.output), reserved=reserved)
+        return dataclasses.replace(session, host_key=self._host_keys.get(record.key, ""))
 
     def message(self, key: str, text: str) -> None:
         self.files.show_message(key, text, datetime.now(UTC))

@@ -26,7 +26,7 @@ from typing import Any
 
 from gpuresa.access import Account, host_account
 from gpuresa.backends.udocker import tools
-from gpuresa.backends.udocker.images import UdockerImages, container_exists, make_container
+from gpuresa.backends.udocker.images import UdockerImages, remake_container
 from gpuresa.backends.udocker.run_command import session_run
 from gpuresa.config.sections import Config
 from gpuresa.runtime.errors import SessionError
@@ -65,14 +65,12 @@ class JobContainers:
         return account
 
     def make(self, key: str, user: str, template: str, cuda: str | None, name: str) -> None:
-        """Load the template's image for `user` and make container `name` from it (as the
-        user); nothing when it is there already. Raises `SessionError` (`ImageMissing` when
-        the image is not built yet)."""
+        """Load the template's image for `user` and make container `name` from it afresh (as
+        the user; the caller records that it is made). Raises `SessionError` (`ImageMissing`
+        when the image is not built yet)."""
         account = self._account(user)
         image = self.images.load(key, account, template, cuda)
-        if container_exists(self.config, account, name):
-            return
-        make_container(self.config, account, image, name, key)
+        remake_container(self.config, account, image, name, key)
         log.info("%s: container %s made for %s from %s", key, name, user, image)
 
     def remove(self, key: str, user: str, name: str) -> None:

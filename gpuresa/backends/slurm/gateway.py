@@ -30,10 +30,12 @@ _UNREACHABLE = re.compile(r"Unable to contact slurm controller|Connection refuse
 _FIELD = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z:/_]*)=(.*?)(?=\s+[A-Za-z][A-Za-z:/_]*=|\s*$)")
 
 
-# states and flags of `scontrol show node` under which a node runs no new job
+# States and flags of `scontrol show node` under which a node runs no new job. Not here:
+# the power-saving ones (POWERED_DOWN, POWERING_DOWN, POWER_DOWN), since Slurm wakes a
+# sleeping node for the job it is given, and REBOOT_ISSUED/REQUESTED, a node that comes back.
 UNUSABLE_STATES = frozenset(
-    {"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "FUTURE", "NOT_RESPONDING",
-     "POWERED_DOWN", "POWER_DOWN", "POWERING_DOWN", "UNKNOWN", "REBOOT_ISSUED"}
+    {"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "FUTURE", "INVALID",
+     "INVALID_REG", "NOT_RESPONDING", "UNKNOWN"}
 )  # fmt: skip
 
 
@@ -49,7 +51,8 @@ class Node:
     @property
     def runs_jobs(self) -> bool:
         """Whether a job given this node would run: it answers, is up, and takes work (not
-        down, drained, failed, powered off, not yet registered or not responding)."""
+        down, drained, failed, not yet or wrongly registered, or not responding; a node
+        powered down to save power counts, as Slurm powers it up for the job)."""
         return not UNUSABLE_STATES.intersection(self.state.split("+"))
 
 

@@ -60,6 +60,8 @@ with open(config, "w") as out:
         "PrintMotd no",
         "Banner %%s/banner" %% SETTINGS["session_dir"],
         "X11Forwarding no",
+        # `sftp`/`scp` of the output: in the container, the enter script runs the server there
+        "Subsystem sftp /usr/lib/openssh/sftp-server",
         "SetEnv " + " ".join("%%s=%%s" %% item for item in passed.items()),
         "",
     ]))

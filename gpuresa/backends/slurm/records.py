@@ -43,6 +43,8 @@ class Record:
     output: str = ""
     job: int | None = None
     job_start: datetime | None = None
+    # the session's container is made and complete (`[slurm] container = "udocker"`)
+    container_made: bool = False
 
     @classmethod
     def of(cls, spec: SessionSpec, name: str, node: str) -> Record:
@@ -69,6 +71,9 @@ class Record:
 
     def with_job_start(self, moment: datetime) -> Record:
         return dataclasses.replace(self, job_start=moment)
+
+    def with_container_made(self) -> Record:
+        return dataclasses.replace(self, container_made=True)
 
     def with_end(self, end: datetime) -> Record:
         return dataclasses.replace(self, end=end)

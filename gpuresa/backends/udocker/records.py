@@ -23,6 +23,7 @@ from datetime import datetime
 from pathlib import Path
 
 from gpuresa.access import Account
+from gpuresa.backends.host_keys import fingerprint_in, fingerprint_of
 from gpuresa.model import Session, SessionSpec
 from gpuresa.runtime.errors import SessionError
 from gpuresa.runtime.labels import parse_instant, safe_key, utc_text
@@ -152,6 +153,12 @@ class Records:
         through its descriptor, and renamed into place (a rename replaces a link
         the user planted there, it never follows it).
         """
+        try:
+            return self._host_key(key, account)
+        except (OSError, subprocess.SubprocessError) as error:
+            raise SessionError(f"cannot make the session's SSH host key: {error}") from None
+
+    def _host_key(self, key: str, account: Account) -> Path:
         session = self.folder(key)
         folder = session / "ssh"
         with contextlib.suppress(FileExistsError):
@@ -180,11 +187,8 @@ class Records:
                     os.close(descriptor)
             # its fingerprint, for the start notice, from the key as made (the `ssh` folder is
             # the user's, and what is there later is theirs to change)
-            shown = subprocess.run(
-                ["ssh-keygen", "-l", "-E", "sha256", "-f", str(making / f"{HOST_KEY}.pub")],
-                check=True, capture_output=True, text=True, timeout=30,
-            )  # fmt: skip
-            write_file(session / FINGERPRINT, shown.stdout.strip() + "\n")
+            public = (making / f"{HOST_KEY}.pub").read_text()
+            write_file(session / FINGERPRINT, fingerprint_of(public) + "\n")
             # the public half first: the private key's presence says the pair is complete
             os.rename(making / f"{HOST_KEY}.pub", folder / f"{HOST_KEY}.pub")
             os.rename(making / HOST_KEY, path)
@@ -193,11 +197,21 @@ class Records:
         return path
 
     def fingerprint(self, key: str) -> str:
-        """The SHA-256 fingerprint of the session's host key, as made ("" before it is)."""
+        """The SHA-256 fingerprint of the session's host key, as made ("" before it is).
+
+        A session made before fingerprints were kept has it taken once from the
+        key's public half in the user's folder (`host_keys.fingerprint_in`).
+        """
+        path = self.folder(key) / FINGERPRINT
         try:
-            return (self.folder(key) / FINGERPRINT).read_text().strip()
+            return path.read_text().strip()
         except OSError:
-            return ""
+            pass
+        found = fingerprint_in(self.folder(key) / "ssh" / f"{HOST_KEY}.pub")
+        if found is not None:
+            with contextlib.suppress(OSError):
+                write_file(path, found + "\n")
+        return found or ""
 
     def log_tail(self, key: str) -> str:
         """The last lines of the session's udocker and sshd logs, to tell why it failed."""

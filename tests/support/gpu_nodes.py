@@ -1,0 +1,47 @@
+"""Stand-in NVIDIA device nodes at the driver's own paths, for the tests of gpu_mode "devices".
+
+`/dev` is one folder for every pytest worker, so the nodes are made and removed
+under a host-wide lock: without it one worker's teardown removed the nodes a
+session on another worker was being given ("host … has no /dev/nvidia1").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+LOCK = Path("/run/lock/gpuresa-test-dev-nvidia.lock")
+
+# GPU 0 is a number no driver serves (opening it says ENXIO, where a denial says
+# EPERM); GPU 1 and the control nodes are copies of /dev/null, so writes succeed.
+NUMBERS = {"nvidia0": os.makedev(1, 200), "nvidia1": os.makedev(1, 3)}
+NAMES = ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm")
+
+
+@contextlib.contextmanager
+def stand_in_gpu_nodes() -> Iterator[dict[str, int]]:
+    """Make the nodes that do not exist, yield each GPU node's device number, remove ours after.
+
+    Holds the lock throughout, so two tests that use the nodes run one after the other.
+    """
+    LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        made: list[Path] = []
+        try:
+            for name in NAMES:
+                path = Path("/dev") / name
+                if path.exists():
+                    continue
+                os.mknod(path, 0o666 | stat.S_IFCHR, NUMBERS.get(name, os.makedev(1, 3)))
+                os.chmod(path, 0o666)
+                made.append(path)
+            yield {name: os.stat(f"/dev/{name}").st_rdev for name in ("nvidia0", "nvidia1")}
+        finally:
+            for path in made:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
