@@ -34,34 +34,44 @@ def made_key(folder: Path, name: str = "key") -> Path:
     return folder / f"{name}.pub"
 
 
-def test_the_fingerprint_is_the_one_ssh_shows(tmp_path: Path) -> None:
+def test_the_fingerprint_is_the_one_ssh_shows_without_the_comment(tmp_path: Path) -> None:
     public = made_key(tmp_path)
+    public.write_text(public.read_text().strip() + " visit https://evil.example/verify\n")
     shown = subprocess.run(
         ["ssh-keygen", "-l", "-E", "sha256", "-f", str(public)],
         check=True, capture_output=True, text=True,
-    ).stdout.strip()  # fmt: skip
-    assert fingerprint_of(public.read_text()) == shown
-    assert fingerprint_in(public) == shown
+    ).stdout.split()  # fmt: skip
+    expected = f"{shown[0]} {shown[1]} {shown[-1]}"
+    assert shown[1].startswith("SHA256:") and expected.endswith(" (ED25519)")
+    assert fingerprint_of(public.read_text()) == expected
+    assert fingerprint_in(public, os.getuid()) == expected
     with pytest.raises(subprocess.CalledProcessError):
         fingerprint_of("not a key\n")
 
 
 def test_a_key_file_the_login_planted_is_never_followed_or_waited_on(tmp_path: Path) -> None:
+    me = os.getuid()
     other = made_key(tmp_path, "other")
     link = tmp_path / "link.pub"
     link.symlink_to(other)
-    assert fingerprint_in(link) is None
+    assert fingerprint_in(link, me) is None
     fifo = tmp_path / "fifo.pub"
     os.mkfifo(fifo)
-    assert fingerprint_in(fifo) is None  # returns at once: nobody writes to it
-    assert fingerprint_in(tmp_path / "missing.pub") is None
+    assert fingerprint_in(fifo, me) is None  # returns at once: nobody writes to it
+    assert fingerprint_in(tmp_path / "missing.pub", me) is None
+    # a file of another's, or a hard link (to whatever file): not the login's key
+    assert fingerprint_in(other, me + 1) is None
+    os.link(other, tmp_path / "hard.pub")
+    assert fingerprint_in(tmp_path / "hard.pub", me) is None
+    (tmp_path / "hard.pub").unlink()
+    assert fingerprint_in(other, me) == fingerprint_of(other.read_text())
     garbage = tmp_path / "garbage.pub"
     garbage.write_text("ssh-ed25519 AAAAnot-base64\n")
-    assert fingerprint_in(garbage) == ""
+    assert fingerprint_in(garbage, me) == ""
     huge = tmp_path / "huge.pub"
     huge.write_bytes(b"#" * 100_000 + b"\n" + other.read_bytes())
-    assert fingerprint_of(huge.read_text()) == fingerprint_in(other)  # were it all read
-    assert fingerprint_in(huge) == ""  # read no further than a key's length
+    assert fingerprint_of(huge.read_text()) == fingerprint_in(other, me)  # were it all read
+    assert fingerprint_in(huge, me) == ""  # read no further than a key's length
 
 
 def config(engine: str) -> Config:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import pwd
 import signal
 import subprocess
@@ -26,6 +27,7 @@ import paramiko
 import pytest
 from slurm_site import SlurmSite, slurm_site
 from support.configs import BASE_IMAGE, free_ports
+from support.gpu_nodes import gpu_nodes_left_as_they_are
 from support.waiting import wait_for
 from test_daemon_cli import ics_event
 from test_runtime import run
@@ -42,7 +44,8 @@ pytestmark = pytest.mark.services
 
 @pytest.fixture(name="cluster")
 def cluster_fixture(tmp_path: Path) -> Iterator[SlurmSite]:
-    with slurm_site(tmp_path, users=1) as site:
+    # the job's container is given every /dev/nvidia* node it finds: none may come or go
+    with gpu_nodes_left_as_they_are(), slurm_site(tmp_path, users=1) as site:
         yield site
 
 
@@ -174,8 +177,16 @@ def test_a_booking_runs_as_a_slurm_job_and_survives_a_daemon_kill(cluster: Slurm
             # the key its sshd presents is the one whose fingerprint the start notice names
             presented = client.get_transport().get_remote_server_key().asbytes()  # type: ignore[union-attr]
             digest = base64.b64encode(hashlib.sha256(presented).digest()).decode().rstrip("=")
-            fingerprint = fingerprint_in(cluster.shared / "runs" / name / "host_key.pub")
+            public = cluster.shared / "runs" / name / "host_key.pub"
+            fingerprint = fingerprint_in(public, pwd.getpwnam(user).pw_uid)
             assert fingerprint is not None and f" SHA256:{digest} " in fingerprint, fingerprint
+        # the container has a name of its own, recorded, in the user's repository
+        made = [json.loads(path.read_text()) for path in cluster.root.glob("state/slurm/*.json")]
+        record = next(item for item in made if item["name"] == name)
+        container = record["container"]
+        assert container.startswith(f"{name}-") and record["container_made"], record
+        repository = Path(cluster.shared, "udocker", "users", user, "containers")
+        assert (repository / container).is_dir()
         # on the node, outside: the container's first process is the user's own
         box = (cluster.shared / "runs" / name / "container.pid").read_text().split()[0]
         assert Path(f"/proc/{box}").stat().st_uid == pwd.getpwnam(user).pw_uid
@@ -197,6 +208,7 @@ def test_a_booking_runs_as_a_slurm_job_and_survives_a_daemon_kill(cluster: Slurm
         # at the end: the job ends, the output stays and is dated
         wait_for(lambda: jobs_named(name) == [], (end - datetime.now(UTC)).seconds + 20, "end")
         assert datetime.now(UTC) >= end - timedelta(seconds=1)
+        wait_for(lambda: not (repository / container).exists(), 30, "the container's removal")
         outputs = list((cluster.shared / "output" / user).glob("*/result.txt"))
         assert [item.read_text() for item in outputs] == ["kept\n"]
         wait_for(lambda: state("slurm-b") == "ended", 20, "the journal's end")

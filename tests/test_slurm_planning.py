@@ -195,5 +195,9 @@ def test_any_node_means_the_first_that_runs_jobs_and_has_the_gpus() -> None:
         "no node of partition gpu has 2 GPU(s) free; not taking jobs: "
         "IDLE+DRAIN: a2 (1); UNKNOWN+NOT_RESPONDING: a1 (1)"
     )
+    # an awake node before a sleeping one (power saving), whatever their names
+    sleepy = {**nodes, "b0": node("b0", "IDLE+POWERED_DOWN"), "c1": node("c1", "MIXED+DRAIN")}
+    assert node_for(spec, sleepy, [], "").name == "d1"
+    assert node_for(spec, {"b0": sleepy["b0"]}, [], "").name == "b0"
     # a node named by the booking is taken whatever its state (an admin may resume it)
     assert node_for(placed("a2", 2), nodes, [], "").name == "a2"

@@ -30,8 +30,7 @@ from test_runtime import free_block
 from gpuresa.access import host_account
 from gpuresa.backends.factory import open_backend
 from gpuresa.backends.host_keys import fingerprint_of
-from gpuresa.backends.udocker import UdockerBackend, launch, tools
-from gpuresa.backends.udocker.images import container_exists, remake_container
+from gpuresa.backends.udocker import UdockerBackend, launch
 from gpuresa.backends.udocker.records import FINGERPRINT
 from gpuresa.config.reading import parse_config
 from gpuresa.gpus.cgroups import container_of
@@ -211,17 +210,27 @@ def test_a_session_runs_as_the_login_with_its_folders(site: Site) -> None:
     assert again is not None and presented in again.host_key
     assert presented in start_details(site.config, again, "127.0.0.1")
     # a session made before fingerprints were kept: taken once from the public half, which
-    # the user may have changed (only their own notice says so), never through a link
+    # the user may have changed (only their own notice says so); never through a link, a
+    # hard link or a file not theirs
+    uid = int(account.stdout)
     kept = backend.records.folder(spec.key) / FINGERPRINT
     kept.unlink()
+    other = Path(public.parent, "other.pub")
     public.unlink()
-    public.symlink_to(Path(public.parent, "other.pub"))
-    assert backend.records.fingerprint(spec.key) == "" and not kept.exists()
+    public.symlink_to(other)
+    assert backend.records.fingerprint(spec.key, uid) == "" and not kept.exists()
     public.unlink()
-    shutil.copy(Path(public.parent, "other.pub"), public)
+    os.link(other, public)
+    assert backend.records.fingerprint(spec.key, uid) == "" and not kept.exists()
+    public.unlink()
+    shutil.copy(other, public)  # root's
+    assert backend.records.fingerprint(spec.key, uid) == "" and not kept.exists()
+    os.chown(public, uid, uid)
     replaced = fingerprint_of(public.read_text())
-    assert backend.records.fingerprint(spec.key) == replaced != again.host_key
+    assert backend.records.fingerprint(spec.key, uid) == replaced != again.host_key
     assert kept.read_text() == replaced + "\n"
+    # the comment, the login's own text, is left out of what the notice shows
+    assert "@" not in replaced and replaced.endswith(" (ED25519)"), replaced
 
 
 def test_stop_ends_what_ignores_sigterm_and_a_fork_bomb(site: Site) -> None:
@@ -258,29 +267,6 @@ def test_stop_ends_what_ignores_sigterm_and_a_fork_bomb(site: Site) -> None:
     assert spec.key not in {item.key for item in backend.list_sessions()}
     backend.stop(spec.key, timedelta(seconds=1))
     backend.kill(spec.key)
-
-
-def test_a_container_name_given_again_is_made_afresh(site: Site) -> None:
-    # a Slurm job's container keeps its name: one left by a making that failed or was cut
-    # off (its removal not done) is removed before the name is given again
-    backend = site.backend()
-    spec = spec_of(site, backend)
-    account = host_account(site.login)
-    assert account is not None
-    image = backend.images.load(spec.key, account, spec.template, spec.cuda)
-    name = f"gpuresa-test-{uuid.uuid4().hex[:8]}"
-    link = tools.repository(site.config, site.login) / "containers" / name
-    assert not container_exists(site.config, account, name)
-    remake_container(site.config, account, image, name, spec.key)
-    first = link.resolve()
-    assert container_exists(site.config, account, name) and (first / "ROOT" / "bin").exists()
-    # the making cut off half-way: most of its files are gone
-    shutil.rmtree(first / "ROOT")
-    remake_container(site.config, account, image, name, spec.key)
-    again = link.resolve()
-    assert again != first and not first.exists() and (again / "ROOT" / "bin").exists()
-    tools.run_udocker(site.config, account, ["rm", "-f", name], spec.key)
-    assert not container_exists(site.config, account, name)
 
 
 def test_a_login_without_a_host_account_is_refused(site: Site) -> None:

@@ -17,30 +17,41 @@ _MOST = 16384
 
 
 def fingerprint_of(public_key: str) -> str:
-    """`ssh-keygen -l`'s SHA-256 line for a public key given as text.
+    """The key's size, SHA-256 fingerprint and type, as `ssh-keygen -l` shows them
+    ("256 SHA256:… (ED25519)"), without its comment: that is the login's text, and the
+    notice may go to an address from the calendar.
 
-    Raises `subprocess.CalledProcessError` when the text is no public key.
+    Raises `subprocess.CalledProcessError` when the text is no public key,
+    `subprocess.TimeoutExpired` or `OSError` when `ssh-keygen` cannot tell.
     """
     shown = subprocess.run(
         ["ssh-keygen", "-l", "-E", "sha256", "-f", "-"],
         input=public_key, check=True, capture_output=True, text=True, timeout=30,
     )  # fmt: skip
-    return shown.stdout.strip()
+    words = (shown.stdout.splitlines() or [""])[0].split()
+    if len(words) < 3 or not words[1].startswith("SHA256:") or not words[-1].startswith("("):
+        raise subprocess.CalledProcessError(0, "ssh-keygen", shown.stdout)
+    return f"{words[0]} {words[1]} {words[-1]}"
 
 
-def fingerprint_in(path: Path) -> str | None:
-    """The fingerprint of the public key in `path`, a file the login may write.
+def fingerprint_in(path: Path, owner: int) -> str | None:
+    """The fingerprint of the public key in `path`, a file of login `owner` (a uid) that the
+    login may write.
 
-    None when there is no regular file to read (a link is not followed, a FIFO
-    not waited on); "" when what is there is no public key. What the login
-    writes there changes only the notice of the login's own session.
+    None when it cannot be told now (no regular file of the login's own, with one
+    link, to read: a symbolic link is not followed, a FIFO not waited on; or
+    `ssh-keygen` did not answer); "" when what is there is no public key. What
+    the login writes there changes only the notice of the login's own session.
     """
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
     try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        descriptor = os.open(path, flags)
     except OSError:
         return None
     try:
-        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        details = os.fstat(descriptor)
+        # a hard link to another's file is not the login's key
+        if not stat.S_ISREG(details.st_mode) or details.st_uid != owner or details.st_nlink != 1:
             return None
         text = os.read(descriptor, _MOST).decode(errors="replace")
     except OSError:
@@ -49,5 +60,7 @@ def fingerprint_in(path: Path) -> str | None:
         os.close(descriptor)
     try:
         return fingerprint_of(text)
-    except (OSError, subprocess.SubprocessError):
+    except subprocess.CalledProcessError:
         return ""
+    except (OSError, subprocess.SubprocessError):
+        return None

@@ -29,6 +29,7 @@ import hashlib
 import logging
 import math
 import os
+import secrets
 import shutil
 import socket
 import time
@@ -133,13 +134,28 @@ class SlurmBackend:
             self._make_folders(record)
         if record.job is None:
             if self.containers is not None and not record.container_made:
-                self.containers.make(
-                    spec.key, record.user, record.template, record.cuda, record.name
-                )
-                record = record.with_container_made()
-                self.records.put(record)
+                record = self._make_container(record)
             self.reserver.reserve(record, waiting_is_fine=True)
         return self._session(record, None)
+
+    def _make_container(self, record: Record) -> Record:
+        """Make the session's container under a new name, recorded first; one whose making
+        was cut off (a daemon killed) is removed in the background."""
+        assert self.containers is not None
+        self._remove_container(record)
+        record = record.with_container(f"{record.name}-{secrets.token_hex(4)}", made=False)
+        self.records.put(record)
+        self.containers.make(
+            record.key, record.user, record.template, record.cuda, record.container
+        )
+        record = record.with_container(record.container, made=True)
+        self.records.put(record)
+        return record
+
+    def _remove_container(self, record: Record) -> None:
+        if self.containers is not None:
+            # a record of an earlier version names none: its container had the job's name
+            self.containers.remove(record.key, record.user, record.container or record.name)
 
     def start(self, spec: SessionSpec, ready_timeout: float = 30) -> Session:
         self.prepare(spec, ready_timeout)
@@ -165,9 +181,10 @@ class SlurmBackend:
                 with contextlib.suppress(SessionError):
                     self.reserver.reserve(other, waiting_is_fine=True)
         # the host key the job made, for the start notice (made before its sshd answered)
-        found = fingerprint_in(self.runs / record.name / "host_key.pub")
-        if found:
-            self._host_keys[record.key] = found
+        account = host_account(record.user)
+        public = self.runs / record.name / "host_key.pub"
+        found = None if account is None else fingerprint_in(public, account.uid)
+        self._host_keys[record.key] = found or ""
         # node reservations are gone once handed over; GRES reservations stand to the end
         return self._session(record, job, reserved=self.reserver.gres_mode())
 
@@ -203,7 +220,7 @@ class SlurmBackend:
                 record.user,
                 record.template,
                 record.cuda,
-                record.name,
+                record.container or record.name,
                 self.files.path(record.key),
                 Path(record.output),
             ),
@@ -259,8 +276,8 @@ class SlurmBackend:
                 raise SessionError(f"the job of {key} does not end")
             time.sleep(0.3)
         self.reserver.release(record)
-        if self.containers is not None:
-            self.containers.remove(key, record.user, record.name)
+        self._remove_container(record)
+        self._host_keys.pop(key, None)
         self.files.remove(key)
         shutil.rmtree(self.runs / record.name, ignore_errors=True)
         self.records.remove(key)

@@ -26,7 +26,7 @@ from typing import Any
 
 from gpuresa.access import Account, host_account
 from gpuresa.backends.udocker import tools
-from gpuresa.backends.udocker.images import UdockerImages, remake_container
+from gpuresa.backends.udocker.images import UdockerImages, container_exists, make_container
 from gpuresa.backends.udocker.run_command import session_run
 from gpuresa.config.sections import Config
 from gpuresa.runtime.errors import SessionError
@@ -44,7 +44,7 @@ def udocker_config(config: Config) -> Config:
 
 class JobContainers:
     """The udocker containers of a cluster's sessions, one per session, in its login's
-    repository, named like the session's job."""
+    repository, named like the session's job and a random suffix (see `Record.container`)."""
 
     def __init__(self, config: Config) -> None:
         self.config = udocker_config(config)
@@ -65,18 +65,18 @@ class JobContainers:
         return account
 
     def make(self, key: str, user: str, template: str, cuda: str | None, name: str) -> None:
-        """Load the template's image for `user` and make container `name` from it afresh (as
-        the user; the caller records that it is made). Raises `SessionError` (`ImageMissing`
-        when the image is not built yet)."""
+        """Load the template's image for `user` and make container `name` from it (as the
+        user; a name not given before). Raises `SessionError` (`ImageMissing` when the image
+        is not built yet)."""
         account = self._account(user)
         image = self.images.load(key, account, template, cuda)
-        remake_container(self.config, account, image, name, key)
+        make_container(self.config, account, image, name, key)
         log.info("%s: container %s made for %s from %s", key, name, user, image)
 
     def remove(self, key: str, user: str, name: str) -> None:
-        """Remove container `name` from `user`'s repository (in the background)."""
+        """Remove container `name` from `user`'s repository (in the background), if there."""
         account = host_account(user)
-        if account is not None:
+        if account is not None and container_exists(self.config, account, name):
             tools.remove_detached(self.config, account, name, key)
 
     def job_settings(

@@ -37,6 +37,8 @@ UNUSABLE_STATES = frozenset(
     {"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "FUTURE", "INVALID",
      "INVALID_REG", "NOT_RESPONDING", "UNKNOWN"}
 )  # fmt: skip
+# power saving: the node sleeps, or is going to; a job given it waits for it to wake
+ASLEEP_STATES = frozenset({"POWERED_DOWN", "POWERING_DOWN", "POWER_DOWN"})
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,11 @@ class Node:
         down, drained, failed, not yet or wrongly registered, or not responding; a node
         powered down to save power counts, as Slurm powers it up for the job)."""
         return not UNUSABLE_STATES.intersection(self.state.split("+"))
+
+    @property
+    def asleep(self) -> bool:
+        """Whether the node is powered down (or going) to save power: a job waits for it."""
+        return bool(ASLEEP_STATES.intersection(self.state.split("+")))
 
 
 @dataclass(frozen=True)

@@ -60,8 +60,9 @@ with open(config, "w") as out:
         "PrintMotd no",
         "Banner %%s/banner" %% SETTINGS["session_dir"],
         "X11Forwarding no",
-        # `sftp`/`scp` of the output: in the container, the enter script runs the server there
-        "Subsystem sftp /usr/lib/openssh/sftp-server",
+        # `sftp`/`scp` of the output, whatever the node's distribution puts its server: in
+        # the container the enter script runs the container's
+        "Subsystem sftp internal-sftp",
         "SetEnv " + " ".join("%%s=%%s" %% item for item in passed.items()),
         "",
     ]))

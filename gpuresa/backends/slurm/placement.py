@@ -50,9 +50,10 @@ def node_for(
             )
         return node
     wanted = place.removeprefix(PARTITION)
+    # awake nodes first: a sleeping one starts the job only once it is up (minutes)
     members = sorted(
         (node for node in nodes.values() if not wanted or wanted in node.partitions),
-        key=lambda node: node.name,
+        key=lambda node: (node.asleep, node.name),
     )
     if not members:
         raise SessionError(f"the cluster has no partition {wanted!r}")

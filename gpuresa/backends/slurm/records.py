@@ -43,7 +43,10 @@ class Record:
     output: str = ""
     job: int | None = None
     job_start: datetime | None = None
-    # the session's container is made and complete (`[slurm] container = "udocker"`)
+    # the session's udocker container (`[slurm] container = "udocker"`): its name, recorded
+    # before it is made (a name of its own each time, as the removal of an earlier one may
+    # still run), and whether its making completed
+    container: str = ""
     container_made: bool = False
 
     @classmethod
@@ -72,8 +75,8 @@ class Record:
     def with_job_start(self, moment: datetime) -> Record:
         return dataclasses.replace(self, job_start=moment)
 
-    def with_container_made(self) -> Record:
-        return dataclasses.replace(self, container_made=True)
+    def with_container(self, name: str, made: bool) -> Record:
+        return dataclasses.replace(self, container=name, container_made=made)
 
     def with_end(self, end: datetime) -> Record:
         return dataclasses.replace(self, end=end)

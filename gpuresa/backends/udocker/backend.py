@@ -147,7 +147,8 @@ class UdockerBackend:
     def _session(self, record: Record, state: str | None = None) -> Session:
         key = record.spec.key
         state = state or self._state(record)
-        return record.session(state, self.ends.recorded(key), self.records.fingerprint(key))
+        fingerprint = self.records.fingerprint(key, record.uid)
+        return record.session(state, self.ends.recorded(key), fingerprint)
 
     def list_sessions(self) -> list[Session]:
         host = self.config.daemon.host

@@ -117,15 +117,6 @@ def make_container(config: Config, account: Account, image: str, name: str, key:
         raise
 
 
-def remake_container(config: Config, account: Account, image: str, name: str, key: str) -> None:
-    """Make container `name` afresh (a name given again, as a Slurm job's is): one of that
-    name, left by a making that failed or was cut off, is removed first, or the name could
-    not be given again. Raises `SessionError`."""
-    if container_exists(config, account, name):
-        tools.run_udocker(config, account, ["rm", "-f", name], key)
-    make_container(config, account, image, name, key)
-
-
 def container_exists(config: Config, account: Account, name: str) -> bool:
     """Whether container `name` is in `account`'s repository; never waits."""
     return (tools.repository(config, account.login) / "containers" / name).exists()

@@ -196,18 +196,19 @@ class Records:
             shutil.rmtree(making, ignore_errors=True)
         return path
 
-    def fingerprint(self, key: str) -> str:
+    def fingerprint(self, key: str, owner: int) -> str:
         """The SHA-256 fingerprint of the session's host key, as made ("" before it is).
 
         A session made before fingerprints were kept has it taken once from the
-        key's public half in the user's folder (`host_keys.fingerprint_in`).
+        key's public half in the folder of its login (`owner`, a uid; see
+        `host_keys.fingerprint_in`), and kept.
         """
         path = self.folder(key) / FINGERPRINT
         try:
             return path.read_text().strip()
         except OSError:
             pass
-        found = fingerprint_in(self.folder(key) / "ssh" / f"{HOST_KEY}.pub")
+        found = fingerprint_in(self.folder(key) / "ssh" / f"{HOST_KEY}.pub", owner)
         if found is not None:
             with contextlib.suppress(OSError):
                 write_file(path, found + "\n")
