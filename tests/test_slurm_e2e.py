@@ -153,6 +153,9 @@ def test_a_booking_runs_as_a_slurm_job_and_survives_a_daemon_kill(cluster: Slurm
         job = wait_for(lambda: [j for j in jobs_named(name) if "RUNNING" in j], 60, "the job")
         assert len(job) == 1 and job[0].split()[2:] == [user, "gres:gpu:2"], job
         job_id = job[0].split()[0]
+        # the job runs before its container and sshd are up: the session is "running" (and
+        # its user told so) once its sshd answers
+        wait_for(lambda: state("slurm-b") == "running", 60, "the session's sshd")
         status = subprocess.run(
             [sys.executable, "-m", "gpuresa.cli", "--config", str(config), "status"],
             capture_output=True, text=True, check=True,
