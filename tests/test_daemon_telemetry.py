@@ -133,6 +133,10 @@ def test_metrics_page_and_one_idle_notice_while_a_session_runs(
         config,
         runtime=Runtime(config, EngineWithoutNvidia()),
         telemetry=Telemetry("nvml", nvml=nvml),
+        # the recorded GPU has no node of its own: /dev/nvidia0 may be another test's
+        # stand-in, which this session's devices cgroup does not allow (a "lost" GPU, and the
+        # session made again, is the next test's matter)
+        inspector=HostInspector(device_pattern=str(tmp_path / "no-node-{minor}")),
     )
     daemon.start()
     try:
