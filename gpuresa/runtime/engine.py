@@ -23,6 +23,7 @@ from gpuresa.runtime.engine_clients import ThreadClients
 from gpuresa.runtime.engine_errors import (
     EngineRefused,
     NotFound,
+    again_if_interface_vanished,
     dumps,
     explanation,
     mapped_errors,
@@ -223,15 +224,10 @@ class Engine:
         for network in existing:
             if network.get("Name") == name:
                 return str(network["Id"])
-        result = self._call(
-            f"create network {name}",
-            key,
-            self.api.create_network,
-            name,
-            driver="bridge",
-            check_duplicate=True,
-            labels=dict(labels),
-        )
+        result = again_if_interface_vanished(
+            lambda: self._call(f"create network {name}", key, self.api.create_network, name,
+                               driver="bridge", check_duplicate=True, labels=dict(labels))
+        )  # fmt: skip
         return str(result["Id"])
 
     def networks(self, filters: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -9,7 +9,8 @@ Used by `engine.Engine`, the one gateway, to map each failure once
   a `SessionError`: that one action failed;
 - a port Docker cannot publish because something holds it → `PortRefused`;
 - removing what is already gone (404) or already being removed (409) → success;
-- anything else the engine refuses → `EngineRefused` (a `SessionError`) with its reason.
+- anything else the engine refuses → `EngineRefused` (a `SessionError`) with its reason;
+  one that says a host interface vanished mid-call is tried again (`again_if_interface_vanished`).
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import json
 import logging
 import re
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import docker.errors
 import requests.exceptions
@@ -142,3 +143,25 @@ def mapped_errors(what: str, key: str | None = None) -> Iterator[None]:
         elapsed = time.monotonic() - started
         if elapsed > 5:
             log.info("%sdocker: %s took %.1f s", f"{key}: " if key else "", what, elapsed)
+
+
+Result = TypeVar("Result")
+
+# Podman picks a new network's subnet from the host's interfaces; one removed meanwhile (another
+# session's bridge going away) fails the creation with Go's "route ip+net: no such network
+# interface". Nothing was made, and a moment later it succeeds.
+VANISHED_INTERFACE = "no such network interface"
+
+
+def again_if_interface_vanished(call: Callable[[], Result], attempts: int = 3) -> Result:
+    """`call()`, made again (up to `attempts` in all) while the engine says an interface
+    vanished under it; any other refusal is raised at once."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return call()
+        except EngineRefused as error:
+            if VANISHED_INTERFACE not in str(error) or attempt == attempts:
+                raise
+            log.info("the engine lost a host interface mid-call (%s); trying again", error)
+            time.sleep(0.2 * attempt)
+    raise AssertionError("unreachable")
