@@ -119,6 +119,14 @@ class Site:
             client.close()
 
 
+def alive(pid: int) -> bool:
+    """Whether process `pid` runs (it exists and is no zombie)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 @pytest.fixture(name="login")
 def login_fixture() -> Iterator[str]:
     """A host account of this test's own."""
@@ -188,9 +196,10 @@ def test_a_session_runs_as_the_login_with_its_folders(site: Site) -> None:
     # the GPU tracker tells the session's processes by their cgroup; a host process has none
     _, roles = site.backend().sessions_and_units()
     members = backend.cgroup(spec.key).members()
-    # a member may exit between the listing and the reading (the login's own sshd child)
+    # a member may exit between the listing and the reading (the login's own sshd child), and
+    # wait a moment to be reaped: a zombie is in no cgroup any more
     owners = {(pid, container_of(pid)) for pid in members}
-    seen = {owner for pid, owner in owners if owner is not None or Path(f"/proc/{pid}").exists()}
+    seen = {owner for pid, owner in owners if owner is not None or alive(pid)}
     assert members and seen == set(roles)
     assert roles[str(container_of(members[0]))] == (spec.key, "main")
     assert container_of(os.getpid()) is None
