@@ -96,6 +96,9 @@ def test_a_booking_is_a_reservation_then_a_job_holding_its_gpus(cluster: SlurmSi
         presented = client.get_transport().get_remote_server_key().asbytes()  # type: ignore[union-attr]
         digest = base64.b64encode(hashlib.sha256(presented).digest()).decode().rstrip("=")
         assert f" SHA256:{digest} " in started.host_key, started.host_key
+        # kept in the record: a restarted daemon's notice names it too
+        adopted = {item.key: item for item in cluster.backend().list_sessions()}
+        assert adopted[spec.key].host_key == started.host_key
         with client.open_sftp() as sftp:
             assert "result.txt" in sftp.listdir(str(started.output_dir))
     # the node's two other GPUs are the cluster's; a third is not

@@ -24,7 +24,6 @@ same node still waiting for its job is made when that job runs.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import logging
 import math
@@ -84,8 +83,6 @@ class SlurmBackend:
         self.reserver = Reserver(self.gateway, settings.gres_reservations, PREFIX)
         # the template's container in each job (None: the node's own sshd)
         self.containers = JobContainers(config) if settings.container == "udocker" else None
-        # each started session's host-key fingerprint (a restarted daemon's notices go without)
-        self._host_keys: dict[str, str] = {}
 
     # --- what the cluster can serve -------------------------------------------------------
 
@@ -184,7 +181,8 @@ class SlurmBackend:
         account = host_account(record.user)
         public = self.runs / record.name / "host_key.pub"
         found = None if account is None else fingerprint_in(public, account.uid)
-        self._host_keys[record.key] = found or ""
+        record = record.with_host_key(found or "")
+        self.records.put(record)
         # node reservations are gone once handed over; GRES reservations stand to the end
         return self._session(record, job, reserved=self.reserver.gres_mode())
 
@@ -277,7 +275,6 @@ class SlurmBackend:
             time.sleep(0.3)
         self.reserver.release(record)
         self._remove_container(record)
-        self._host_keys.pop(key, None)
         self.files.remove(key)
         shutil.rmtree(self.runs / record.name, ignore_errors=True)
         self.records.remove(key)
@@ -328,8 +325,7 @@ class SlurmBackend:
             state = "stopped"
         else:
             state = "created"
-        session = record.session(state, Path(record.output), reserved=reserved)
-        return dataclasses.replace(session, host_key=self._host_keys.get(record.key, ""))
+        return record.session(state, Path(record.output), reserved=reserved)
 
     def message(self, key: str, text: str) -> None:
         self.files.show_message(key, text, datetime.now(UTC))

@@ -48,6 +48,8 @@ class Record:
     # still run), and whether its making completed
     container: str = ""
     container_made: bool = False
+    # the fingerprint of the host key the job's sshd made, for the start notice
+    host_key: str = ""
 
     @classmethod
     def of(cls, spec: SessionSpec, name: str, node: str) -> Record:
@@ -77,6 +79,9 @@ class Record:
 
     def with_container(self, name: str, made: bool) -> Record:
         return dataclasses.replace(self, container=name, container_made=made)
+
+    def with_host_key(self, fingerprint: str) -> Record:
+        return dataclasses.replace(self, host_key=fingerprint)
 
     def with_end(self, end: datetime) -> Record:
         return dataclasses.replace(self, end=end)
@@ -109,6 +114,7 @@ class Record:
                 if item
             ),
             place=self.node,
+            host_key=self.host_key,
         )
 
     def to_json(self) -> str:
