@@ -46,9 +46,9 @@ from daemon_stage import write_config as write_stage_config
 from support.configs import CalDav, free_ports, write_daemon_config
 from test_daemon_cli import ics_event
 
+from gpuresa.commands.host_commands import release_host
 from gpuresa.config.reading import load_config
 from gpuresa.config.sections import Config
-from gpuresa.outputs.service import OutputService
 from gpuresa.runtime import Runtime
 
 HOST = f"bench-{os.getpid()}"
@@ -221,11 +221,13 @@ def hostile_neighbour(directory: Path) -> float | None:
 
 
 def _remove_sessions(config: Config) -> None:
-    """Remove what the daemon left: its sessions and its output service (which holds a port)."""
-    runtime = Runtime(config)
-    for session in runtime.list_sessions():
-        runtime.kill(session.key)
-    OutputService(config, runtime).remove()
+    """Remove what the daemon left: its sessions, its output service (which holds a port),
+    and the mounts and loop devices of its output root (`gpuresa host release --all`)."""
+    stopped, kept, _ = release_host(config, Runtime(config), everything=True)
+    if stopped:
+        print(f"stopped sessions the daemon left running: {', '.join(stopped)}")
+    if kept:
+        print(f"still held on the host: {', '.join(map(str, kept))}")
 
 
 def cpu_seconds(pid: int) -> float:

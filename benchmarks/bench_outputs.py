@@ -35,6 +35,7 @@ from conftest import BASE_IMAGE, RUN_ID, RUN_LABEL, DockerHarness
 from test_runtime import free_block, make_site, run, ssh_login
 
 from gpuresa.outputs.service import OutputService
+from gpuresa.runtime.host_holds import release
 
 
 def sftp_client(port: int, key: paramiko.PKey) -> tuple[paramiko.SSHClient, paramiko.SFTPClient]:
@@ -130,6 +131,8 @@ def main() -> int:
             rows.append(("scp host -> host (localhost floor)", f"{size / seconds / 1e6:.0f} MB/s"))
         finally:
             harness.remove_all()
+            # the output root's running area and any image: its folder is removed next
+            release(site.config, (), everything=True)
     width = max(len(name) for name, _ in rows)
     print(f"{'measure':<{width}}  value   ({arguments.size_mib} MiB file)")
     for name, value in rows:

@@ -24,6 +24,9 @@ COMMAND_MODULES = (
     "gpuresa.commands.daemon_commands",
     "gpuresa.commands.bench_commands",
     "gpuresa.commands.output_commands",
+    "gpuresa.commands.trust_commands",
+    "gpuresa.commands.release",
+    "gpuresa.commands.host_commands",
 )
 
 Handler = Callable[[argparse.Namespace], int | None]

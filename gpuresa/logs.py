@@ -6,6 +6,7 @@ import logging
 import os
 import sys
 import traceback
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from gpuresa.inert import inert
@@ -36,20 +37,72 @@ def setup_logging(verbosity: int = 0) -> None:
         logging.getLogger(noisy).setLevel(logging.DEBUG if verbosity >= 2 else logging.WARNING)
 
 
+# how each line of a record after its first begins: no line of a message can pass for a
+# record of its own (a timestamp, a level, a logger's name at the start of a line)
+CONTINUATION = "  | "
+
+
+class _Shown:
+    """A log argument that is not a string (an error, a path, a record of gpuresa's) as a
+    message shows it: its own line breaks kept, every other hidden character escaped."""
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def __str__(self) -> str:
+        return "\n".join(inert(line) for line in str(self.value).split("\n"))
+
+    def __repr__(self) -> str:
+        return inert(repr(self.value))
+
+
+def _shown(value: object) -> object:
+    if isinstance(value, str):
+        return inert(value)  # a value quoted from a calendar: one line, whatever it holds
+    if isinstance(value, (int, float)):
+        return value  # for %d and %.1f
+    return _Shown(value)
+
+
+def message_lines(record: logging.LogRecord) -> list[str]:
+    """The lines of `record`'s message, each inert.
+
+    Line breaks come only from gpuresa's own text: the format string, and the
+    arguments that are not strings (errors it raises, with a container's last
+    lines, or a config's problems, one a line). A string argument is a value,
+    perhaps a calendar's: its line breaks are escaped, so it stays on its line.
+    """
+    arguments = record.args
+    try:
+        if isinstance(arguments, Mapping):
+            text = str(record.msg) % {key: _shown(value) for key, value in arguments.items()}
+        elif arguments:
+            text = str(record.msg) % tuple(_shown(value) for value in arguments)
+        else:
+            text = str(_Shown(record.msg)) if not isinstance(record.msg, str) else record.msg
+    except (TypeError, ValueError, KeyError):
+        # a format string and arguments that do not match: logging's own text, one line
+        return [inert(record.getMessage())]
+    return [inert(line) for line in text.split("\n")]
+
+
 class InertFormatter(logging.Formatter):
     """A formatter whose records cannot carry control characters or forge lines.
 
-    Messages quote calendar text (file names, hrefs, UIDs, titles): the whole
-    message is made inert (`gpuresa.inert.inert`), so a line break, carriage
-    return, escape sequence or bidi control in it is written as an escape. A
+    Messages quote calendar text (file names, hrefs, UIDs, titles): every line
+    is made inert (`gpuresa.inert.inert`), so a carriage return, escape
+    sequence or bidi control in it is written as an escape, and a value's line
+    break too (`message_lines`). A message that gpuresa writes on several
+    lines keeps them, each after the first marked with `CONTINUATION`. A
     traceback keeps its lines, each made inert the same way.
     """
 
     def format(self, record: logging.LogRecord) -> str:
-        record.message = inert(record.getMessage())
+        first, *rest = message_lines(record)
+        record.message = first
         if self.usesTime():
             record.asctime = self.formatTime(record, self.datefmt)
-        lines = [self.formatMessage(record)]
+        lines = [self.formatMessage(record), *(CONTINUATION + line for line in rest)]
         if record.exc_info and not record.exc_text:
             record.exc_text = self.formatException(record.exc_info)
         for block in (record.exc_text, record.stack_info and self.formatStack(record.stack_info)):

@@ -32,7 +32,10 @@ import docker.errors
 import pytest
 
 BASE_IMAGE = "gpuresa/base:bookworm"
-RUN_ID = uuid.uuid4().hex[:10]
+# A run's workers (pytest-xdist) inherit its prefix: the run's check of the machine tells
+# what any of its workers made from what another run made (`support.machine`).
+RUN_PREFIX = os.environ.setdefault("GPURESA_TEST_RUN", uuid.uuid4().hex[:6])
+RUN_ID = RUN_PREFIX + uuid.uuid4().hex[:4]
 # Sessions made by tests run for this host name, so their gpuresa.host label
 # tells them apart from anything else on the engine.
 TEST_HOST = f"test-{RUN_ID}"
@@ -92,8 +95,10 @@ SERVICE_FIXTURES = frozenset(
 # image takes both cores). Matched on the test's id.
 SHARED = (
     ("slurm", ("test_slurm", "[slurm]")),
-    ("privileged-ports", ("test_host_certificates.py",)),
+    ("privileged-ports", ("test_host_certificates.py", "test_demo_walkthrough.py")),
     ("udocker", ("test_udocker", "[udocker]")),
+    # the tests that kill the rootful Podman API service (and start it again as setup does)
+    ("podman-service", ("test_forwarding.py::test_a_session_works_on_ports",)),
 )
 
 
@@ -122,6 +127,59 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         uses = SERVICE_FIXTURES.intersection(getattr(item, "fixturenames", ()))
         if uses or item.get_closest_marker("docker") is not None:
             item.add_marker(pytest.mark.services)
+
+
+# --- the machine before and after -----------------------------------------------
+
+# how long the end of a run waits for what engines remove in the background (Podman's
+# network namespaces, a conmon's clean-up) before it counts what is left
+LEFTOVERS_SETTLE = 15.0
+
+
+def _machine_now(session: pytest.Session) -> Any:
+    from support.machine import machine_of_run
+
+    base = getattr(session.config, "_tmp_path_factory").getbasetemp()  # noqa: B009
+    return machine_of_run(base, RUN_PREFIX, PODMAN_SOCKET)
+
+
+def _controls_the_run(session: pytest.Session) -> bool:
+    """The process that sees the whole run: the only one, or pytest-xdist's controller."""
+    return not hasattr(session.config, "workerinput")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Record what the machine holds before any test (see `support.machine`)."""
+    if _controls_the_run(session):
+        session.config.stash[_MACHINE_BEFORE] = _machine_now(session)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Fail the run when it left a mount, a loop device, a network namespace, a container
+    or a network behind; each is listed."""
+    before = session.config.stash.get(_MACHINE_BEFORE, None)
+    if before is None:
+        return
+    deadline = time.monotonic() + LEFTOVERS_SETTLE
+    left = _machine_now(session).new_since(before)
+    while left and time.monotonic() < deadline:
+        time.sleep(1)
+        left = _machine_now(session).new_since(before)
+    if not left:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    lines = ["the run left these behind on the machine:", *(f"  {item}" for item in left)]
+    if reporter is not None:
+        reporter.write_sep("=", "machine left changed", red=True)
+        for line in lines:
+            reporter.write_line(line)
+    else:
+        print("\n".join(lines), file=sys.stderr)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_MACHINE_BEFORE = pytest.StashKey[Any]()
 
 
 # --- failure reports -------------------------------------------------------------

@@ -8,6 +8,7 @@ are under /var/tmp (the users' sshd must read them; pytest's tmp_path is root's)
 from __future__ import annotations
 
 import contextlib
+import json
 import secrets
 import shutil
 import subprocess
@@ -29,6 +30,22 @@ from gpuresa.model import SessionSpec
 NODE = subprocess.run(["hostname", "-s"], capture_output=True, text=True).stdout.strip()
 
 
+def toml_text(data: dict[str, Any]) -> str:
+    """`data` (tables of strings, booleans and numbers; lists of tables) as TOML."""
+
+    def value(item: object) -> str:
+        if isinstance(item, bool):
+            return "true" if item else "false"
+        return str(item) if isinstance(item, int) else json.dumps(item)
+
+    lines = []
+    for table, content in data.items():
+        for entry in content if isinstance(content, list) else [content]:
+            lines.append(f"[[{table}]]" if isinstance(content, list) else f"[{table}]")
+            lines.extend(f"{key} = {value(item)}" for key, item in entry.items())
+    return "\n".join(lines) + "\n"
+
+
 def slurm_answers() -> None:
     """Fail the test loudly when Slurm does not answer (never skip)."""
     try:
@@ -42,7 +59,8 @@ def slurm_answers() -> None:
 
 @dataclass
 class SlurmSite:
-    """One test's cluster site: config, users and their keys."""
+    """One test's cluster site: config (also written to `root`/config.toml), users and their
+    keys."""
 
     root: Path
     shared: Path
@@ -101,6 +119,7 @@ def slurm_site(root: Path, users: int = 2, container: str = "none") -> Iterator[
         "storage": {"output_root": str(shared / "output")},
         "slurm": {"shared_dir": str(shared), "start_timeout": "60s", "container": container},
     }
+    (root / "config.toml").write_text(toml_text(data))
     try:
         yield SlurmSite(root, shared, parse_config(data, str(root / "config.toml")), logins)
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import subprocess
 import sys
@@ -25,6 +26,17 @@ ROOT = Path(__file__).parents[1]
 EXAMPLE = ROOT / "config.example.toml"
 
 MINIMAL_HOST = '[daemon]\nhost = "gpu1"\n[[hosts]]\nname = "gpu1"\n'
+
+
+def on_this_machine(folder: Path) -> str:
+    """[daemon], [users] and [storage] lines whose folders exist under `folder`, so that
+    `config validate` has nothing to say about this machine."""
+    (folder / "keys").mkdir(exist_ok=True)
+    return (
+        f'[daemon]\nhost = "gpu1"\nstate_dir = "{folder / "state"}"\n'
+        f'[users]\nkeys_dir = "{folder / "keys"}"\n'
+        f'[storage]\noutput_root = "{folder / "output"}"\n'
+    )
 
 
 def problems_of(text: str) -> list[str]:
@@ -175,33 +187,38 @@ def test_unknown_key_wrong_type_and_bad_duration_are_all_reported() -> None:
             "hosts[0].ftp_passive_ports",
             "fewer ports",
         ),
+        (
+            '[[hosts]]\nname = "h"\nftp_passive_ports = "900-999"',
+            "hosts[0].ftp_passive_ports",
+            "at or below 1024",
+        ),
         ('[[hosts]]\nname = "h"\nftp_passive_per_session = 0', "hosts[0]", "at least 1"),
         ("[[hosts]]\ngpus = [0]", "hosts[0].name", "missing"),
         ('[[hosts]]\nname = "a"\n[[hosts]]\nname = "a"', "hosts[1].name", "another host"),
         ('[daemon]\nhost = "b"\n[[hosts]]\nname = "a"', "daemon.host", "not one of"),
-        ('[[calendars]]\nname = "c"\nurl = "ftp://x"', "calendars[0].url", "http(s) URL"),
+        ('[[calendars]]\nname = "c"\nurl = "ftp://x"', "calendars[c].url", "http(s) URL"),
         (
             '[[calendars]]\nname = "c"\nkind = "ics"\nurl = "feed.ics"',
-            "calendars[0].url",
+            "calendars[c].url",
             "absolute path",
         ),
-        ('[[calendars]]\nname = "c"\nurl = "https://x"\nkind = "ical"', "calendars[0].kind", ""),
+        ('[[calendars]]\nname = "c"\nurl = "https://x"\nkind = "ical"', "calendars[c].kind", ""),
         (
             '[[calendars]]\nname = "c"\nurl = "https://x"\nsummary_regex = "(unclosed"',
-            "calendars[0].summary_regex",
+            "calendars[c].summary_regex",
             "regular expression",
         ),
         (
             '[[calendars]]\nname = "c"\nurl = "https://x"\nhost = "nowhere"',
-            "calendars[0].host",
+            "calendars[c].host",
             "not one of",
         ),
         (
             '[[calendars]]\nname = "c"\nurl = "https://x"\nemail_logins = {"a@b" = "Bad Login"}',
-            "calendars[0].email_logins",
+            "calendars[c].email_logins",
             "logins",
         ),
-        ('[[calendars]]\nname = "c"\nurl = "https://x"\ndefault_gpus = 0', "calendars[0]", ""),
+        ('[[calendars]]\nname = "c"\nurl = "https://x"\ndefault_gpus = 0', "calendars[c]", ""),
         ('[[calendars]]\nname = "bad name"\nurl = "https://x"', "calendars[0].name", ""),
         ("[users]\nuid_base = 10", "users.uid_base", "at least 1000"),
         ('[users]\nuids = {"Alice" = 1000}', "users.uids", "logins"),
@@ -217,6 +234,7 @@ def test_unknown_key_wrong_type_and_bad_duration_are_all_reported() -> None:
         ),
         ('[[storage.inputs]]\nsource = "a"\ntarget = "/x"', "storage.inputs[0].source", ""),
         ('[notify]\nsecurity = "ssl"', "notify.security", "'starttls'"),
+        ('[notify]\nenabled = true\nusername = "u"', "notify.username", "password_file"),
         ('[telemetry]\nlisten = "9464"', "telemetry.listen", "address:port"),
         ('[telemetry]\nlisten = "127.0.0.1:99999"', "telemetry.listen", "address:port"),
         ("[telemetry]\nidle_threshold = 101", "telemetry.idle_threshold", "percentage"),
@@ -268,7 +286,7 @@ def test_config_path_from_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     file = tmp_path / "config.toml"
-    file.write_text(MINIMAL_HOST)
+    file.write_text(on_this_machine(tmp_path) + '[[hosts]]\nname = "gpu1"\n')
     monkeypatch.setenv("GPURESA_CONFIG", str(file))
     assert main(["config", "validate"]) == 0
     assert str(file) in capsys.readouterr().out
@@ -291,12 +309,25 @@ def test_secrets_from_file_and_credentials(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_cli_validate_exit_codes(tmp_path: Path) -> None:
+    good_file = tmp_path / "good.toml"
+    good_file.write_text(on_this_machine(tmp_path) + '[[hosts]]\nname = "gpu1"\n')
     good = subprocess.run(
-        [sys.executable, "-m", "gpuresa.cli", "config", "validate", "--config", str(EXAMPLE)],
+        [sys.executable, "-m", "gpuresa.cli", "config", "validate", "--config", str(good_file)],
         capture_output=True,
         text=True,
     )
     assert good.returncode == 0, good.stderr
+    # the untouched example reads, but names what this machine does not have
+    example = subprocess.run(
+        [sys.executable, "-m", "gpuresa.cli", "config", "validate", "--config", str(EXAMPLE)],
+        capture_output=True,
+        text=True,
+        env={key: value for key, value in os.environ.items() if key != "CREDENTIALS_DIRECTORY"},
+    )
+    assert example.returncode == 1
+    assert "Traceback" not in example.stderr
+    assert "storage.inputs[0].source: /srv/ssd/datasets does not exist" in example.stderr
+    assert "calendars[gpu1].password_credential: " in example.stderr
     bad_file = tmp_path / "bad.toml"
     bad_file.write_text(MINIMAL_HOST + 'typo = 1\n[notify]\nsmtp_port = "x"\n[daemon.extra]\n')
     bad = subprocess.run(
@@ -329,9 +360,7 @@ def test_config_validate_says_which_isolation_each_host_has(
     """Docker: one shared uid for every session's root; Podman: a range per session."""
     file = tmp_path / "config.toml"
     file.write_text(
-        f'[daemon]\nhost = "gpu1"\nstate_dir = "{tmp_path / "state"}"\n'
-        f'[storage]\noutput_root = "{tmp_path / "output"}"\n'
-        '[[hosts]]\nname = "gpu1"\n'
+        on_this_machine(tmp_path) + '[[hosts]]\nname = "gpu1"\n'
         '[[hosts]]\nname = "gpu2"\nengine = "podman"\ngpu_mode = "devices"\n'
     )
     assert main(["config", "validate", "--config", str(file)]) == 0

@@ -85,6 +85,65 @@ def test_status_and_history_before_any_run_say_so(setup: Path) -> None:
     assert "no journal yet" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_status_before_any_run_says_what_the_daemon_will_do_and_how_to_start_it(
+    tmp_path: Path,
+) -> None:
+    config = write_daemon_config(tmp_path, host=TEST_HOST)
+    for command in ("status", "history"):
+        result = gpuresa(config, command)
+        assert result.returncode == 1 and "Traceback" not in result.stderr
+        said = result.stderr
+        assert "no journal yet: the daemon has not run with this config" in said
+        assert "polls the calendars (folder) every 1s" in said
+        assert f"booked on host {TEST_HOST!r}" in said
+        assert "systemctl enable --now gpuresa" in said and f"--config {config} run" in said
+    assert not (tmp_path / "state" / "journal.sqlite").exists()  # status made none
+
+
+def journal_with_a_failed_start(config: Path, reason: str) -> str:
+    """A journal (as the daemon leaves it) where a booking's start failed for `reason`."""
+    from gpuresa.daemon import journal_path
+    from gpuresa.journal.store import Journal
+    from gpuresa.model import Reservation
+
+    loaded = load_config(config)
+    now = datetime.now(UTC)
+    booking = Reservation(
+        key="failed-1", uid="failed-1", recurrence_id=None, calendar="folder",
+        host=loaded.daemon.host, user="alice", template="pytorch", cuda=None, gpus=1,
+        start=now - timedelta(minutes=1), end=now + timedelta(hours=1),
+    )  # fmt: skip
+    journal_path(loaded).parent.mkdir(parents=True, exist_ok=True)
+    journal = Journal(journal_path(loaded))
+    try:
+        journal.record_reservations([booking], [], now)
+        journal.set_state(booking.key, "preparing", now)
+        journal.set_state(booking.key, "failed", now, reason)
+    finally:
+        journal.close()
+    return booking.key
+
+
+def test_status_shows_why_a_booking_failed(tmp_path: Path) -> None:
+    config = write_daemon_config(tmp_path, host=TEST_HOST)
+    # a start error with a line of container output, which its user wrote
+    reason = "attempt 3: Docker could not build pytorch:\nstep 2: \x1b[2J<2>forged: stopped"
+    key = journal_with_a_failed_start(config, reason)
+    shown = gpuresa(config, "status", "--json")
+    assert shown.returncode == 0, shown.stderr
+    [item] = json.loads(shown.stdout)["upcoming"]
+    assert (item["key"], item["state"], item["reason"]) == (key, "failed", reason)
+    text = gpuresa(config, "status")
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    [row] = [index for index, line in enumerate(lines) if line.startswith(f"  {key} ")]
+    assert lines[row].endswith("[failed]")
+    assert lines[row + 1] == "      reason: attempt 3: Docker could not build pytorch:"
+    # the user's text stays inert and indented under its row: it cannot pass for a row
+    assert lines[row + 2] == "      | step 2: \\x1b[2J<2>forged: stopped"
+    assert "\x1b" not in text.stdout
+
+
 def test_daemon_reports_ready_status_history_and_reloads(
     setup: Path, tmp_path: Path, docker_harness: DockerHarness
 ) -> None:

@@ -33,6 +33,7 @@ from gpuresa.daemon.state import Context
 from gpuresa.journal.guard import open_journal
 from gpuresa.mail.outbox import Outbox
 from gpuresa.mail.smtp import Notifier
+from gpuresa.model import Session
 from gpuresa.planning import actions as planned
 
 # --- periodic jobs ---------------------------------------------------------------------------
@@ -239,3 +240,26 @@ def test_maintenance_runs_a_minute_after_the_start_then_hourly(stage: Stage) -> 
     wait_for(lambda: len(stage.engine.collections) == 2, 5, "the second maintenance")
     # the outputs duty ran again meanwhile (every ten minutes)
     assert len(stage.outputs.runs) >= 2
+
+
+def test_a_session_of_a_new_login_brings_the_outputs_duty_forward(stage: Stage) -> None:
+    stage.release.set()
+    stage.turn()
+    stage.turn(OUTPUTS_FIRST)
+    wait_for(lambda: stage.outputs.runs, 5, "the first outputs duty")
+    stage.drain()
+    # a session of a login the output service does not serve yet: SFTP must work right
+    # after its end, not at the next ten-minute round
+    session = Session(
+        key="k", user="alice", host="gpu1", template="pytorch", cuda=None, gpus=(0,),
+        start=T0, end=T0 + timedelta(hours=1), ssh_port=223, ftp_port=255,
+        ftp_passive_first=24000, ftp_passive_last=24002, state="created",
+        output_dir=Path("/o/alice/k"),
+    )  # fmt: skip
+    stage.loop.survey.sessions = [session]
+    stage.turn(1)
+    wait_for(lambda: len(stage.outputs.runs) == 2, 5, "an outputs duty for alice")
+    # once seen, the same login brings nothing forward again
+    for _ in range(5):
+        stage.turn(1)
+    assert len(stage.outputs.runs) == 2

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 from conftest import BASE_IMAGE, DockerHarness
+from support.configs import free_ports
 from test_runtime import Site, built_fixture, make_site, port_free, ssh_login
 
 from gpuresa.config.reading import parse_config
@@ -41,9 +42,9 @@ DEFAULTS = parse_config({"hosts": [{"name": "localhost"}]})
 
 
 def privileged_block(size: int) -> int:
-    """The first of `size` consecutive free ports inside the default session ranges."""
+    """The first of `size` consecutive free ports inside the default SSH and FTP ranges."""
     host = DEFAULTS.hosts[0]
-    low, high = host.ssh_ports.first, host.ftp_passive_ports.last
+    low, high = host.ssh_ports.first, host.ftp_ports.last
     for _ in range(200):
         first = random.randrange(low, high - size)
         if all(port_free(port) for port in range(first, first + size)):
@@ -57,7 +58,10 @@ def cert_site(
 ) -> Site:
     """A site on each engine whose ports are privileged ones of the default ranges."""
     built(engine_harness)
-    first = privileged_block(11)
+    first = privileged_block(5)
+    # passive ports are never privileged (see config.sections.HostConfig): a free block
+    # of the same kind as the default range
+    passive = free_ports(6)
     site = make_site(
         tmp_path,
         engine_harness.client,
@@ -65,9 +69,9 @@ def cert_site(
         aliases=["127.0.0.1"],
         ssh_ports=f"{first}-{first + 1}",
         ftp_ports=f"{first + 2}-{first + 3}",
-        ftp_passive_ports=f"{first + 4}-{first + 9}",
+        ftp_passive_ports=f"{passive}-{passive + 5}",
     )
-    storage = dataclasses.replace(site.config.storage, sftp_port=first + 10)
+    storage = dataclasses.replace(site.config.storage, sftp_port=first + 4)
     site.config = dataclasses.replace(site.config, storage=storage)
     return site
 
@@ -257,7 +261,7 @@ def _quoted(text: str) -> str:
 def test_a_host_user_cannot_bind_the_default_ports(host_user: str) -> None:
     host = DEFAULTS.hosts[0]
     ports = [DEFAULTS.storage.sftp_port]
-    for name in ("ssh_ports", "ftp_ports", "ftp_passive_ports"):
+    for name in ("ssh_ports", "ftp_ports"):
         ports += [getattr(host, name).first, getattr(host, name).last]
     script = (
         "import socket, sys\n"

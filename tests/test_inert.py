@@ -110,6 +110,51 @@ def test_a_log_record_on_a_terminal_has_no_raw_control_character() -> None:
     assert text.count("\n") == 1
 
 
+def logged(formatter: logging.Formatter, message: str, *args: object) -> str:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(formatter)
+    logger = logging.getLogger("gpuresa.test.lines")
+    logger.handlers[:] = [handler]
+    logger.propagate = False
+    try:
+        logger.error(message, *args)
+    finally:
+        logger.handlers[:] = []
+        logger.propagate = True
+    return stream.getvalue()
+
+
+def test_a_message_gpuresa_writes_on_several_lines_keeps_them_readable() -> None:
+    """An error it raises (a build's last lines, a config's problems) is not one line of
+    \\x0a escapes; every line after the first is marked as the record's continuation."""
+    error = RuntimeError("Docker could not build pytorch:\nStep 1/4 : FROM base\nno space left")
+    text = logged(JournalFormatter("%(name)s: %(message)s"), "start of %s failed: %s", "k1", error)
+    assert text.split("\n")[:-1] == [
+        "<3>gpuresa.test.lines: start of k1 failed: Docker could not build pytorch:",
+        "<3>  | Step 1/4 : FROM base",
+        "<3>  | no space left",
+    ]
+    assert "\\x0a" not in text
+    terminal = logged(InertFormatter("%(levelname)s %(name)s: %(message)s"), "%s", error)
+    assert terminal.split("\n")[1:3] == ["  | Step 1/4 : FROM base", "  | no space left"]
+
+
+def test_calendar_text_in_a_several_line_message_forges_no_record() -> None:
+    """A value (a string) stays on its line; calendar text inside an error gets a line of
+    its own at most, marked as a continuation under our priority."""
+    error = ValueError(f"bad event {HOSTILE}")
+    text = logged(JournalFormatter("%(name)s: %(message)s"), "%s:\n%s", HOSTILE, error)
+    assert_inert(text)
+    lines = text.rstrip("\n").split("\n")
+    assert lines[0] == f"<3>gpuresa.test.lines: {inert(HOSTILE)}:"
+    assert lines[1] == "<3>  | bad event evil\\x1b[2J\\u202egpj.exe"
+    assert lines[2].startswith("<3>  | <2>gpuresa.runtime: bob-booking: stopped\\x0dX")
+    assert len(lines) == 3
+    terminal = logged(InertFormatter("%(levelname)s %(name)s: %(message)s"), "%s", error)
+    assert all(line.startswith(("ERROR ", "  | ")) for line in terminal.rstrip("\n").split("\n"))
+
+
 def test_setup_logging_installs_the_journal_formatter_under_journald(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -180,7 +225,7 @@ def test_the_status_table_shows_calendar_text_inert(
                       "ftp_port": 21001, "since": when, "until": when, "state": "running",
                       "gpu_use_now": None, "gpu_use_average": None, "host_ids": None}],
         "upcoming": [{"key": HOSTILE, "user": "bob", "gpus": 1, "template": "pytorch",
-                      "start": when, "end": when}],
+                      "start": when, "end": when, "state": "failed", "reason": HOSTILE}],
         "output_disk": {"summary": "1 GiB free", "level": "ok", "refusal": None},
         "rejected": [{"key": HOSTILE, "reason": f"the title {HOSTILE!r} is wrong"}],
         "calendars": {"lab": {"stale_seconds": 3, "last_error": HOSTILE}},
@@ -192,6 +237,8 @@ def test_the_status_table_shows_calendar_text_inert(
     out = capsys.readouterr().out
     assert_inert(out)
     assert out.count("evil\\x1b[2J\\u202egpj.exe\\x0a<2>") == 6
+    # a failure's reason keeps its line breaks, each further line marked as its continuation
+    assert "      reason: evil\\x1b[2J\\u202egpj.exe\n      | <2>gpuresa.runtime: " in out
     assert cli.main(["--config", str(config), "status", "--json"]) == 0
     out = capsys.readouterr().out
     assert_inert(out)

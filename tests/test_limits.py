@@ -101,7 +101,10 @@ def test_config_validate_and_show_print_each_hosts_limits(
 ) -> None:
     file = tmp_path / "config.toml"
     file.write_text(
-        '[daemon]\nhost = "gpu1"\n[[hosts]]\nname = "gpu1"\ngpus = [0, 1, 2, 3]\n'
+        # folders of this machine, so that `config validate` finds none missing
+        f'[daemon]\nhost = "gpu1"\nstate_dir = "{tmp_path / "state"}"\n'
+        f'[users]\nkeys_dir = "{tmp_path}"\n[storage]\noutput_root = "{tmp_path / "out"}"\n'
+        '[[hosts]]\nname = "gpu1"\ngpus = [0, 1, 2, 3]\n'
         '[[hosts]]\nname = "gpu2"\ngpus = [0, 1]\n[limits]\nreserve_memory = "4g"\n'
     )
     assert main(["config", "validate", "--config", str(file)]) == 0

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import DockerHarness
+from conftest import TEST_HOST, DockerHarness
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from test_runtime import make_site, run, ssh_login
@@ -27,6 +27,7 @@ from test_runtime import make_site, run, ssh_login
 from gpuresa.access import Account
 from gpuresa.cli import main
 from gpuresa.commands.daemon_commands import status_report
+from gpuresa.commands.output_commands import human_size
 from gpuresa.config.reading import parse_config
 from gpuresa.config.schema import Share, Size
 from gpuresa.config.sections import StorageConfig
@@ -203,6 +204,48 @@ output_removal_notice = "0s"
     assert "removed" in capsys.readouterr().out
     assert not (tmp_path / "output" / "alice" / "run-1").exists()
     assert (tmp_path / "output" / "bob" / "run-1").exists()
+
+
+@pytest.mark.parametrize(
+    ("count", "shown"),
+    [(0, "0 B"), (1023, "1023 B"), (1024, "1.0 KiB"), (3 << 20, "3.0 MiB"),
+     (int(2.5 * (1 << 30)), "2.5 GiB"), (2000 << 40, "2000.0 TiB")],
+)  # fmt: skip
+def test_sizes_are_shown_in_the_unit_that_fits(count: int, shown: str) -> None:
+    assert human_size(count) == shown
+
+
+def test_outputs_list_shows_what_files_hold_and_what_they_take_on_disk(
+    tmp_path: Path, docker_harness: DockerHarness, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 3 MiB file kept sparse (zeros copied out of a session's image) is 3 MiB, not 0.0."""
+    config_file = tmp_path / "config.toml"
+    config_file.write_text(
+        f'[daemon]\nhost = "{TEST_HOST}"\nstate_dir = "{tmp_path / "state"}"\n'
+        f'[[hosts]]\nname = "{TEST_HOST}"\ngpu_mode = "none"\ngpus = []\n'
+        f'[users]\nkeys_dir = "{tmp_path}"\n[storage]\noutput_root = "{tmp_path / "output"}"\n'
+    )
+    run = tmp_path / "output" / "alice" / "run-1"
+    run.mkdir(parents=True)
+    (run / "dense.bin").write_bytes(os.urandom(3 << 20))
+    with (run / "zeros.bin").open("wb") as sparse:
+        sparse.truncate(3 << 20)
+    # what a user may leave to inflate the figure: links and a FIFO, never followed or read
+    outside = tmp_path / "huge.bin"
+    with outside.open("wb") as huge:
+        huge.truncate(1 << 30)
+    (run / "link").symlink_to(outside)
+    os.mkfifo(run / "fifo")
+    settled = time.time() - 2 * 3600
+    os.utime(run, (settled, settled))
+    assert main(["outputs", "list", "--json", "--config", str(config_file)]) == 0
+    [row] = json.loads(capsys.readouterr().out)
+    assert row["bytes"] == 6 << 20
+    assert 3 << 20 <= row["disk_bytes"] < (3 << 20) + (1 << 20)
+    assert main(["outputs", "list", "--config", str(config_file)]) == 0
+    header, line = capsys.readouterr().out.splitlines()
+    assert header.split()[:4] == ["USER", "SIZE", "ON", "DISK"]
+    assert line.split()[:5] == ["alice", "6.0", "MiB", "3.0", "MiB"]
 
 
 # --- owners and accounts --------------------------------------------------------------
@@ -528,12 +571,13 @@ def test_config_validate_warns_about_ports_a_host_user_can_bind(
         "storage.sftp_port",
     ]
     # a machine that lets users bind from 80 up: the defaults are bindable too
-    assert len(port_warnings(defaults, 80)) == 4
+    assert len(port_warnings(defaults, 80)) == 3  # ssh, ftp control, sftp: passive ports never
     # on this machine, through the command
     start = unprivileged_port_start()
     config_file = tmp_path / "config.toml"
     config_file.write_text(
         f'[daemon]\nstate_dir = "{tmp_path / "state"}"\n'
+        f'[users]\nkeys_dir = "{tmp_path}"\n[storage]\noutput_root = "{tmp_path / "output"}"\n'
         f'[[hosts]]\nname = "localhost"\nssh_ports = "{start}-{start + 9}"\n'
     )
     assert main(["config", "validate", "--config", str(config_file)]) == 0
@@ -658,6 +702,8 @@ def test_config_validate_says_when_quotas_cannot_work(
         f"""
 [daemon]
 state_dir = "{tmp_path / "state"}"
+[users]
+keys_dir = "{tmp_path}"
 [storage]
 output_root = "/dev/shm/gpuresa-test-output"
 session_quota = "100g"

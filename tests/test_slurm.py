@@ -13,7 +13,10 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
+import logging
+import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -26,6 +29,7 @@ from test_runtime import run, ssh_login
 
 from gpuresa.backends.slurm import slurm_name
 from gpuresa.runtime import SessionError
+from gpuresa.runtime.port_safety import port_warnings, unprivileged_port_start
 
 # real host accounts, real daemons and servers: not for the fast lane
 pytestmark = pytest.mark.services
@@ -135,13 +139,80 @@ def test_a_restarted_daemon_adopts_without_doubling(cluster: SlurmSite) -> None:
     again.stop(spec.key, timedelta(seconds=1))
 
 
-def test_the_job_ends_at_the_bookings_end(cluster: SlurmSite) -> None:
+def test_the_jobs_limit_leaves_gpuresas_stop_its_grace(cluster: SlurmSite) -> None:
     now = datetime.now(UTC).replace(microsecond=0)
+    # 50 s to the end, the stop's 30 s of grace (the default) and its 60 s margin: whole
+    # minutes from the submission (seconds later on a loaded machine) give three
+    assert cluster.config.daemon.stop_grace == timedelta(seconds=30)
     spec = cluster.spec(end=now + timedelta(seconds=50))
     started = cluster.backend().start(spec)
     job = next(item.split()[1] for item in started.containers if item.startswith("job "))
-    assert squeue(job, "%l") == "1:00"
+    assert squeue(job, "%l") == "3:00"
+    ends = datetime.fromisoformat(squeue(job, "%e")).replace(tzinfo=UTC)
+    assert ends >= spec.end + cluster.config.daemon.stop_grace + timedelta(seconds=59)
     cluster.backend().stop(spec.key, timedelta(seconds=1))
+
+
+def test_session_stop_on_the_command_line_ends_the_job(cluster: SlurmSite) -> None:
+    spec = cluster.spec()
+    started = cluster.backend().start(spec)
+    job = next(item.split()[1] for item in started.containers if item.startswith("job "))
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuresa.cli", "--config", str(cluster.root / "config.toml"),
+         "session", "stop", spec.key, "--grace", "1s"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert f"session {spec.key} stopped; output kept in {started.output_dir}" in done.stdout
+    assert squeue(job, "%T") == ""
+    assert spec.key not in {item.key for item in cluster.backend().list_sessions()}
+    again = subprocess.run(
+        [sys.executable, "-m", "gpuresa.cli", "--config", str(cluster.root / "config.toml"),
+         "session", "stop", spec.key],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert again.returncode == 0 and "nothing to stop" in again.stdout, again
+
+
+def test_a_reservation_refused_ahead_is_made_once_the_node_frees(
+    cluster: SlurmSite, caplog: pytest.LogCaptureFixture
+) -> None:
+    backend = cluster.backend()
+    backend.reserver.retry_every = 0
+    other = cluster.users[1]
+    # gpuresa's own session runs on the node: Slurm calls the node busy for any later
+    # reservation, and gpuresa makes it beside its own jobs, never beside another's
+    first = cluster.spec(gpus=1)
+    backend.start(first)
+    ended = submit(other, 1)
+    assert wait_state(ended, "RUNNING") == "RUNNING"
+    subprocess.run(["scancel", ended], check=True)
+    running = submit(other, 1)
+    assert wait_state(running, "RUNNING") == "RUNNING"
+    now = datetime.now(UTC).replace(microsecond=0)
+    spec = cluster.spec(gpus=1, start=now + timedelta(minutes=3), end=now + timedelta(minutes=20))
+    name = slurm_name("cluster", spec.key)
+    with caplog.at_level(logging.INFO, logger="gpuresa.backends.slurm.reserver"):
+        backend.prepare(spec)
+        backend.list_sessions()
+    # the other user's job would run into the booking: no reservation yet, said once
+    assert "ReservationName=" not in reservation_text(name)
+    said = [item.getMessage() for item in caplog.records if f"other jobs ({running})" in
+            item.getMessage()]  # fmt: skip
+    assert len(said) == 1 and "tried again until the start" in said[0], said
+    subprocess.run(["scancel", running], check=True)
+    # both of the other's jobs are over, yet squeue still lists them for a while
+    wait_for(lambda: not [job for job in backend.gateway.jobs() if job.id == int(running)
+                          and job.waits_or_runs], 30, "the job's end")  # fmt: skip
+    mine = (int(ended), int(running))
+    over = {job.id: job.state for job in backend.gateway.jobs() if job.id in mine}
+    assert over == {int(ended): "CANCELLED", int(running): "CANCELLED"}, over
+    wait_for(lambda: backend.list_sessions() and "ReservationName=" in reservation_text(name),
+             30, "the reservation at a later try")  # fmt: skip
+    shown = reservation_text(name)
+    assert f"Users={spec.user}" in shown and f"Nodes={NODE}" in shown, shown
+    backend.stop(spec.key, timedelta(0))
+    backend.stop(first.key, timedelta(0))
 
 
 def test_what_the_cluster_cannot_serve_is_refused_with_its_reason(cluster: SlurmSite) -> None:
@@ -212,12 +283,13 @@ def test_a_node_is_not_booked_past_its_gpus(cluster: SlurmSite) -> None:
 
 def test_the_time_limit_never_ends_before_the_booking(cluster: SlurmSite) -> None:
     now = datetime.now(UTC).replace(microsecond=0)
-    # 90 s from now: whole minutes from the submission (seconds later on a loaded machine)
+    # 90 s from now and the stop's 90 s (grace and margin): whole minutes from the
+    # submission (seconds later on a loaded machine)
     spec = cluster.spec(end=now + timedelta(seconds=90))
     backend = cluster.backend()
     started = backend.start(spec)
     job = next(item.split()[1] for item in started.containers if item.startswith("job "))
-    assert squeue(job, "%l") == "2:00"
+    assert squeue(job, "%l") == "3:00"
     longer = spec.end + timedelta(seconds=95)
     backend.extend(spec.key, longer)
     ends = datetime.fromisoformat(squeue(job, "%e")).replace(tzinfo=UTC)
@@ -225,3 +297,28 @@ def test_the_time_limit_never_ends_before_the_booking(cluster: SlurmSite) -> Non
     backend.stop(spec.key, timedelta(seconds=1))
     # the stop hands the output over and dates it for its retention
     assert any((cluster.root / "state" / "outputs").rglob("*"))
+
+
+def test_a_session_serves_on_the_clusters_default_ports(cluster: SlurmSite) -> None:
+    # no ssh_ports in the site's config: the cluster's default, which a job's sshd (the
+    # login's) can bind; nothing in it is advised against on this machine
+    ports = cluster.config.host().ssh_ports
+    assert ports.first >= unprivileged_port_start() and port_warnings(cluster.config) == []
+    port = next(port for port in ports if port_is_free(port))
+    spec = cluster.spec(ssh_port=port)
+    started = cluster.backend().start(spec)
+    with ssh_login(started, spec.user, cluster.key(spec.user)) as client:
+        assert run(client, "id -un")[1].split() == [spec.user]
+        presented = client.get_transport().get_remote_server_key().asbytes()  # type: ignore[union-attr]
+        digest = base64.b64encode(hashlib.sha256(presented).digest()).decode().rstrip("=")
+        assert f" SHA256:{digest} " in started.host_key, started.host_key
+    cluster.backend().stop(spec.key, timedelta(seconds=1))
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True

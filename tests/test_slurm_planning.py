@@ -14,8 +14,11 @@ import pytest
 from test_reservations import VARIANTS, WINDOW, event, make_config
 
 from gpuresa.backends.slurm.gateway import Node
+from gpuresa.backends.slurm.jobs import STOP_MARGIN, limit_minutes
 from gpuresa.backends.slurm.placement import node_for
 from gpuresa.backends.slurm.records import Record
+from gpuresa.config.reading import parse_config
+from gpuresa.config.schema import PortRange
 from gpuresa.config.sections import Config
 from gpuresa.model import ReservationSet, Session, SessionSpec
 from gpuresa.planning.actions import Fail, Prepare, Start
@@ -24,6 +27,7 @@ from gpuresa.planning.planner import plan
 from gpuresa.reservations.conflicts import host_gpu_count, resolve_conflicts
 from gpuresa.reservations.rules import read_calendar
 from gpuresa.runtime.errors import SessionError
+from gpuresa.runtime.port_safety import port_warnings
 
 CLUSTER = [{"name": "cluster", "engine": "slurm", "ssh_ports": "20000-20009"}]
 
@@ -201,3 +205,45 @@ def test_any_node_means_the_first_that_runs_jobs_and_has_the_gpus() -> None:
     assert node_for(spec, {"b0": sleepy["b0"]}, [], "").name == "b0"
     # a node named by the booking is taken whatever its state (an admin may resume it)
     assert node_for(placed("a2", 2), nodes, [], "").name == "a2"
+
+
+@pytest.mark.parametrize(
+    ("seconds", "grace", "minutes"),
+    [
+        # the end, the grace and the stop's 60 s margin, rounded up to whole minutes
+        (50, 30, 3),
+        (60, 0, 2),
+        (30, 0, 2),
+        (3600, 30, 62),
+        (0, 90, 3),
+        (-600, 0, 1),
+    ],
+)
+def test_a_jobs_limit_lies_past_the_end_and_the_stops_grace(
+    seconds: int, grace: int, minutes: int
+) -> None:
+    start = datetime(2025, 3, 10, 14, 0, tzinfo=UTC)
+    end = start + timedelta(seconds=seconds)
+    limit = limit_minutes(start, end, timedelta(seconds=grace))
+    assert limit == minutes
+    assert start + timedelta(minutes=limit) >= end + timedelta(seconds=grace) + STOP_MARGIN
+
+
+def test_a_clusters_ssh_ports_are_unprivileged_by_default_and_advised_so() -> None:
+    def host(**options: object) -> Config:
+        return parse_config(
+            {"daemon": {"host": "cluster"}, "hosts": [{"name": "cluster", **options}]}
+        )
+
+    # a job's sshd runs as the booking's login: its default ports are ones it can bind
+    cluster = host(engine="slurm")
+    assert cluster.hosts[0].ssh_ports == PortRange(22223, 22254)
+    assert port_warnings(cluster, 1024) == []
+    # privileged ports there are what the advice warns about, with the key
+    [warning] = port_warnings(host(engine="slurm", ssh_ports="223-254"), 1024)
+    assert warning.startswith("hosts[0].ssh_ports: 223-254 starts below 1024")
+    assert "use ports from 1024 up" in warning
+    # an engine's sessions keep their privileged default, and its advice
+    engine = host(engine="docker")
+    assert engine.hosts[0].ssh_ports == PortRange(223, 254)
+    assert "use ports below 1024" in port_warnings(host(ssh_ports="22223-22254"), 1024)[0]

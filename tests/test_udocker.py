@@ -64,24 +64,24 @@ class Site:
         )
         (root / "private" / f"{login}.pub").rename(root / "keys" / f"{login}.pub")
         first = free_block(20)
+        table = {
+            "name": TEST_HOST,
+            "engine": "udocker",
+            "gpus": list(gpus),
+            "gpu_mode": gpu_mode,
+            "bind_address": "127.0.0.1",
+            "ssh_ports": f"{first}-{first + 3}",
+            "ftp_ports": f"{first + 4}-{first + 7}",
+            "ftp_passive_ports": f"{first + 8}-{first + 19}",
+            "ftp_passive_per_session": 3,
+            "driver_binaries": [],
+            **host,
+        }
         self.config = parse_config(
             {
                 "daemon": {"host": TEST_HOST, "state_dir": str(root / "state")},
-                "hosts": [
-                    {
-                        "name": TEST_HOST,
-                        "engine": "udocker",
-                        "gpus": list(gpus),
-                        "gpu_mode": gpu_mode,
-                        "bind_address": "127.0.0.1",
-                        "ssh_ports": f"{first}-{first + 3}",
-                        "ftp_ports": f"{first + 4}-{first + 7}",
-                        "ftp_passive_ports": f"{first + 8}-{first + 19}",
-                        "ftp_passive_per_session": 3,
-                        "driver_binaries": [],
-                        **host,
-                    }
-                ],
+                # a key given as None is left to its default
+                "hosts": [{key: value for key, value in table.items() if value is not None}],
                 "templates": {"base_image": BASE_IMAGE},
                 "users": {"keys_dir": str(root / "keys"), "host_authorized_keys": False},
                 "storage": {

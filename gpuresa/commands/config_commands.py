@@ -10,9 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from gpuresa.config.loading import example_text
+from gpuresa.config.machine import machine_problems
 from gpuresa.config.reading import load_config
 from gpuresa.config.schema import PortRange, Share, Size, format_duration
 from gpuresa.config.sections import Config
+from gpuresa.errors import ConfigError
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -26,12 +28,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     show.set_defaults(handler=show_command)
 
 
-# what separates two sessions on each engine (README, "Isolation of outputs")
+# what separates two sessions on each engine (docs/outputs.md, "Isolation of outputs")
 ISOLATION = {
     "docker": "docker userns-remap (one host uid is root in every session; outputs "
     "root-only and nosuid,nodev while running, privileges cleared at hand-over)",
     "podman": "podman userns=auto (a host id range per session; outputs root-only and "
     "nosuid,nodev while running, privileges cleared at hand-over)",
+    "udocker": "udocker sessions as the booking's own login (root of a user namespace that "
+    "maps only the login's uid; cgroups gpuresa owns; its ssh port bound by root)",
     "slurm": "slurm jobs as the booking's own login (no root in a session; the job's "
     "GPUs confined by the cluster's cgroup.conf)",
 }
@@ -39,6 +43,11 @@ ISOLATION = {
 
 def validate_command(arguments: argparse.Namespace) -> int:
     config = load_config(arguments.config)
+    # what the file names on this machine: secrets, folders, certificates (after the schema,
+    # which needs no machine)
+    problems = machine_problems(config)
+    if problems:
+        raise ConfigError(config.source, problems)
     print(
         f"{config.source}: OK ({len(config.calendars)} calendar(s), "
         f"{len(config.hosts)} host(s), this daemon manages {config.daemon.host!r})"

@@ -13,7 +13,7 @@ from typing import Any
 
 from gpuresa.backends.factory import open_backend
 from gpuresa.config.reading import load_config
-from gpuresa.config.schema import Invalid, parse_duration
+from gpuresa.config.schema import Invalid, format_duration, parse_duration
 from gpuresa.config.sections import Config
 from gpuresa.errors import UserError
 from gpuresa.inert import echo
@@ -84,8 +84,22 @@ def _open_journal(config: Config) -> Journal:
 
     path = journal_path(config)
     if not path.exists():
-        raise UserError(f"{path}: no journal yet; has `gpuresa run` ever run with this config?")
+        raise UserError(not_run_yet(config, path))
     return Journal(path, read_only=True)
+
+
+def not_run_yet(config: Config, path: Path) -> str:
+    """What `status` and `history` say before the daemon ever ran: what it will do, how to start."""
+    calendars = ", ".join(calendar.name for calendar in config.calendars) or "none configured"
+    return (
+        f"{path}: no journal yet: the daemon has not run with this config "
+        f"({config.source}), or ran with another daemon.state_dir. Once started it polls "
+        f"the calendars ({calendars}) every {format_duration(config.daemon.poll_interval)} "
+        f"and runs the sessions booked on host {config.daemon.host!r}. Start it with "
+        "`systemctl enable --now gpuresa` (the unit in systemd/gpuresa.service), or in a "
+        f"terminal with `gpuresa --config {config.source} run`; check the file first with "
+        "`gpuresa config validate`."
+    )
 
 
 def status_report(config: Config, now: datetime) -> dict[str, Any]:
@@ -98,12 +112,17 @@ def status_report(config: Config, now: datetime) -> dict[str, Any]:
         "now": _iso(now),
         "engine": host.engine if host else "docker",
     }
+    # before any run there is nothing to show, and no engine to ask
+    journal = _open_journal(config)
     try:
         sessions = open_backend(config).list_sessions()
         report["docker"] = "ok"
     except RuntimeUnavailable as error:
         sessions = []
         report["docker"] = f"unavailable: {error}"
+    except BaseException:
+        journal.close()
+        raise
     report["sessions"] = [
         {
             "key": session.key,
@@ -128,9 +147,8 @@ def status_report(config: Config, now: datetime) -> dict[str, Any]:
         }
         for session in sorted(sessions, key=lambda item: (item.start, item.key))
     ]
-    _add_gpu_use(config, report["sessions"])
-    journal = _open_journal(config)
     try:
+        _add_gpu_use(config, report["sessions"])
         running_keys = {session.key for session in sessions}
         report["upcoming"] = [
             {
@@ -142,7 +160,9 @@ def status_report(config: Config, now: datetime) -> dict[str, Any]:
                 "gpus": reservation.gpus,
                 "start": _iso(reservation.start),
                 "end": _iso(reservation.end),
-                "state": journal.state(reservation.key),
+                "state": (state := journal.state(reservation.key)),
+                # why it failed, as the journal recorded it (the start's error)
+                "reason": journal.state_detail(reservation.key) if state == "failed" else None,
             }
             for reservation in journal.reservations(ending_after=now)
             if reservation.key not in running_keys and reservation.host == config.daemon.host
@@ -241,8 +261,9 @@ def status_command(arguments: argparse.Namespace) -> int:
     for item in report["upcoming"]:
         echo(
             f"  {item['key']:<40} {item['user']:<12} {item['gpus']} GPU(s) {item['template']}"
-            f"  {item['start']} → {item['end']}"
+            f"  {item['start']} → {item['end']}  [{item['state'] or 'booked'}]"
         )
+        _echo_reason(item["reason"])
     disk = report["output_disk"]
     echo(f"\noutput disk: {disk['summary']}  [{disk['level']}]")
     if disk["refusal"]:
@@ -268,6 +289,19 @@ def status_command(arguments: argparse.Namespace) -> int:
             f"{item['queued']}, {item['attempts']} attempt(s), next {item['next_try']}{error}"
         )
     return 0
+
+
+def _echo_reason(reason: str | None, shown: int = 15) -> None:
+    """A failure's reason under its row, its line breaks kept: every line after the first
+    starts with "|", so none (a container's output, say) can read as a row of its own."""
+    if not reason:
+        return
+    lines = reason.split("\n")
+    echo(f"      reason: {lines[0]}")
+    for line in lines[1:shown]:
+        echo(f"      | {line}")
+    if len(lines) > shown:
+        echo(f"      | ({len(lines) - shown} more line(s): `gpuresa history`)")
 
 
 def history_command(arguments: argparse.Namespace) -> int:
@@ -331,6 +365,10 @@ def plan_command(arguments: argparse.Namespace) -> int:
     echo(f"at {now.isoformat()} on {config.daemon.host}: {len(actions)} action(s)")
     for action in actions:
         echo(f"  {action.describe()}")
+    # sessions of this host name that another installation made: shown, never acted on
+    others = getattr(runtime, "foreign_sessions", None)
+    for session in others() if callable(others) else []:
+        echo(f"  leave {session.key}: another installation's session (never stopped here)")
     return 0
 
 

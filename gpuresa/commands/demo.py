@@ -9,6 +9,7 @@ connect when the session starts.
 from __future__ import annotations
 
 import getpass
+import json
 import logging
 import shutil
 import socket
@@ -18,10 +19,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from gpuresa.commands.demo_gpus import NO_GPUS, DemoGpus, detect_gpus
+from gpuresa.commands.release import release_host
 from gpuresa.config.reading import load_config
-from gpuresa.config.sections import Config
+from gpuresa.config.sections import Config, HostConfig
 from gpuresa.errors import UserError
 from gpuresa.model import Session
+from gpuresa.outputs.credentials import HostCredentials
+from gpuresa.outputs.host_ca import HostCA
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +72,14 @@ class DemoFiles:
     def state(self) -> Path:
         return self.root / "state"
 
+    @property
+    def known_hosts(self) -> Path:
+        return self.root / "known_hosts"
+
+    @property
+    def ftps_certificate(self) -> Path:
+        return self.root / "ftps-cert.pem"
+
 
 def free_port_block(size: int, start: int) -> int:
     """The first port from `start` up where `size` consecutive ports are free on 127.0.0.1."""
@@ -87,8 +100,17 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def write_demo(root: Path, now: datetime, start_in: timedelta, length: timedelta) -> DemoFiles:
-    """Write the demo's config, key, input folder and a booking starting at now + start_in."""
+def write_demo(
+    root: Path,
+    now: datetime,
+    start_in: timedelta,
+    length: timedelta,
+    gpus: DemoGpus = NO_GPUS,
+) -> DemoFiles:
+    """Write the demo's config, key, input folder and a booking starting at now + start_in.
+
+    `gpus`: what the demo host hands out (`detect_gpus()` on a real run).
+    """
     files = DemoFiles(root.resolve())
     for folder in (files.calendar, files.keys, files.inputs, files.output, files.state):
         folder.mkdir(parents=True, exist_ok=True)
@@ -112,12 +134,14 @@ def write_demo(root: Path, now: datetime, start_in: timedelta, length: timedelta
     (files.inputs / "README.txt").write_text(
         "This folder is the site's input data, mounted read-only at /data.\n"
     )
-    # privileged ports, as by default (no host user can bind them; see README "Ports")
-    ssh_first = free_port_block(10, 223)
+    # privileged SSH, FTP and SFTP ports, as by default (no host user can bind them; see
+    # docs/ports.md), and passive ports where the default range lies (FTP servers refuse
+    # privileged ones)
+    defaults = HostConfig(name=DEMO_HOST)
+    ssh_first = free_port_block(10, defaults.ssh_ports.first)
     ftp_first = free_port_block(10, ssh_first + 10)
-    passive_first = free_port_block(40, ftp_first + 10)
-    # the output service's own port, next to the sessions'
-    sftp_port = free_port_block(1, passive_first + 40)
+    sftp_port = free_port_block(1, ftp_first + 10)
+    passive_first = free_port_block(40, defaults.ftp_passive_ports.first)
     # the status page and /metrics: Prometheus's usual gpuresa port, or the next free one
     status_port = free_port_block(1, STATUS_PORT)
     files.config.write_text(
@@ -144,8 +168,7 @@ default_template = "{DEMO_TEMPLATE}"
 
 [[hosts]]
 name = "{DEMO_HOST}"
-gpus = []
-gpu_mode = "none"
+{gpus.toml()}
 bind_address = "127.0.0.1"
 public_name = "127.0.0.1"
 ssh_ports = "{ssh_first}-{ssh_first + 9}"
@@ -201,40 +224,83 @@ def status_page(config: Config) -> str:
     return f"http://{config.telemetry.listen}/"
 
 
+def access_text(files: DemoFiles, config: Config, session: Session, public_host: str) -> str:
+    """What the demo prints when its session starts: each command works as printed."""
+    key = f"-i {files.private_key} -o UserKnownHostsFile={files.known_hosts}"
+    login = f"{session.user}@{public_host}"
+    ftp = f"ftp://{public_host}:{session.ftp_port}"
+    curl = f"curl --ssl-reqd --cacert {files.ftps_certificate} -u {session.ftp_user}:"
+    curl += session.ftp_password
+    lftp_settings = f"set ftp:ssl-force true; set ssl:ca-file {files.ftps_certificate}"
+    return (
+        f"\n  Session {session.key} is up until {session.end:%H:%M:%S} UTC.\n"
+        f"  The host's @cert-authority line is in {files.known_hosts}, its FTPS\n"
+        f"  certificate in {files.ftps_certificate} (`gpuresa trust` prints both).\n"
+        f"\n  SSH:\n    ssh {key} -p {session.ssh_port} {login}\n"
+        f"\n  FTPS (explicit TLS; this session's password: {session.ftp_password}):\n"
+        f"    lftp -u {session.ftp_user},{session.ftp_password} -p {session.ftp_port} "
+        f'-e "{lftp_settings}" {public_host}\n'
+        f"    {curl} -T {files.inputs / 'README.txt'} {ftp}/\n"
+        f"    {curl} {ftp}/README.txt -o README.txt\n"
+        f"\n  After the end ({session.end:%H:%M:%S} UTC), the output, read-only:\n"
+        f"    sftp {key} -P {config.storage.sftp_port} {login}\n"
+    )
+
+
 def run_demo(root: Path, start_in: timedelta, length: timedelta) -> None:
-    """Write the demo files, build the template image, and run the daemon until Ctrl-C."""
+    """Write the demo files, build the template image, run the daemon until Ctrl-C, then
+    remove what the demo made (its sessions, the output service, mounts)."""
     from gpuresa.daemon import Daemon
     from gpuresa.runtime import Runtime
 
     now = datetime.now(UTC)
-    files = write_demo(root, now, start_in, length)
+    gpus = detect_gpus(docker_runtimes())
+    files = write_demo(root, now, start_in, length, gpus)
     config: Config = load_config(files.config)
     runtime = Runtime(config)
     print(f"gpuresa demo: files in {files.root} (run as {getpass.getuser()})")
+    print(f"gpuresa demo: {gpus.summary()}")
     print(f"gpuresa demo: building the {DEMO_TEMPLATE} template on {BASE_IMAGE} if needed…")
     image = runtime.ensure_image(DEMO_TEMPLATE, None)
     runtime.ensure_ftp_image()
     print(f"gpuresa demo: image {image} ready")
+    write_trust_files(files, config)
     start = (now + start_in).replace(microsecond=0)
     print(
         f"gpuresa demo: {DEMO_USER!r} booked {DEMO_HOST!r} from {start:%H:%M:%S} "
         f"to {start + length:%H:%M:%S} UTC (calendar: {files.calendar})"
     )
     print(f"gpuresa demo: status page at {status_page(config)} (metrics at /metrics)")
-    print("gpuresa demo: the daemon runs in the foreground; Ctrl-C stops it (sessions go on).")
+    print(
+        "gpuresa demo: the daemon runs in the foreground; Ctrl-C stops it and removes the "
+        "demo's sessions, containers and mounts (the files stay in the folder above).",
+        flush=True,
+    )
 
     def show_access(session: Session, public_host: str) -> None:
-        print(
-            "\n"
-            f"  Session {session.key} is up until {session.end:%H:%M:%S} UTC.\n"
-            f"  SSH:  ssh -i {files.private_key} -p {session.ssh_port} "
-            f"{session.user}@{public_host}\n"
-            f"  FTPS: lftp -u {session.ftp_user} -p {session.ftp_port} {public_host}  "
-            f"(explicit TLS; password {session.ftp_password})\n"
-            f"  Output is kept in {session.output_dir}; after the end:\n"
-            f"        sftp -i {files.private_key} -P {config.storage.sftp_port} "
-            f"{session.user}@{public_host}\n",
-            flush=True,
-        )
+        print(access_text(files, config, session, public_host), flush=True)
 
-    Daemon(config, runtime=runtime, on_start=show_access).run()
+    try:
+        Daemon(config, runtime=runtime, on_start=show_access).run()
+    finally:
+        print("gpuresa demo: removing the demo's sessions, containers and mounts…", flush=True)
+        removed = release_host(config, runtime)
+        print(f"gpuresa demo: removed {', '.join(removed) or 'nothing'}", flush=True)
+
+
+def write_trust_files(files: DemoFiles, config: Config) -> None:
+    """The demo's known_hosts (the host CA's line) and FTPS certificate, for its commands."""
+    files.known_hosts.write_text(HostCA(config).known_hosts_line() + "\n")
+    shutil.copyfile(HostCredentials(config).tls_files()[0], files.ftps_certificate)
+
+
+def docker_runtimes() -> set[str]:
+    """The runtimes the Docker engine knows ("runc", "nvidia"…); none when it does not answer."""
+    try:
+        info = subprocess.run(
+            ["docker", "info", "--format", "{{json .Runtimes}}"],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout  # fmt: skip
+        return set(json.loads(info or "{}"))
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return set()

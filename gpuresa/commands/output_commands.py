@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import stat
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from gpuresa.backends.factory import open_backend
@@ -13,8 +17,9 @@ from gpuresa.config.reading import load_config
 from gpuresa.errors import UserError
 from gpuresa.inert import echo
 from gpuresa.outputs.disk import disk_warnings
-from gpuresa.outputs.records import OutputFolder, folder_bytes
+from gpuresa.outputs.records import OutputFolder
 from gpuresa.outputs.service import OutputService
+from gpuresa.outputs.tree import walk
 from gpuresa.runtime import SessionError
 from gpuresa.runtime.output_area import ensure_area
 
@@ -46,13 +51,46 @@ def _service(arguments: argparse.Namespace) -> OutputService:
     return OutputService(config, open_backend(config))
 
 
+def folder_sizes(path: Path) -> tuple[int, int]:
+    """(bytes its files hold, bytes they take on the disk) below `path`, at any depth, never
+    following a link; (0, 0) when it cannot be read.
+
+    The two differ: a file written as zeros may be kept sparse (copied out of a
+    session's image, say) and take no block, a compressed disk takes fewer, and
+    a small file takes a whole block. Users think of the first.
+    """
+    held = on_disk = 0
+
+    def count(_folder: int, _name: str, details: os.stat_result) -> None:
+        nonlocal held, on_disk
+        if stat.S_ISREG(details.st_mode):
+            held += details.st_size
+            on_disk += details.st_blocks * 512  # st_blocks counts 512-byte units
+
+    with contextlib.suppress(OSError):
+        walk(path, count)
+    return held, on_disk
+
+
+def human_size(count: int) -> str:
+    """`count` bytes in the largest binary unit that keeps it at 1 or more: "3.0 MiB"."""
+    size = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{count} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
 def _row(folder: OutputFolder, service: OutputService) -> dict[str, Any]:
     removal = folder.removal(service.config.storage)
+    held, on_disk = folder_sizes(folder.path)
     return {
         "user": folder.user,
         "path": str(folder.path),
         "key": folder.key,
-        "bytes": folder_bytes(folder.path),
+        "bytes": held,
+        "disk_bytes": on_disk,
         "in_use": folder.busy,
         "ended": folder.ended.isoformat() if folder.ended else None,
         "notice_sent": folder.notice_sent.isoformat() if folder.notice_sent else None,
@@ -71,12 +109,12 @@ def list_command(arguments: argparse.Namespace) -> int:
     if not rows:
         echo("no outputs")
         return 0
-    echo(f"{'USER':<12} {'SIZE':>10} {'ENDED':<17} {'REMOVAL':<17} PATH")
+    echo(f"{'USER':<12} {'SIZE':>10} {'ON DISK':>10} {'ENDED':<17} {'REMOVAL':<17} PATH")
     for row in rows:
         ended = "in use" if row["in_use"] else (row["ended"] or "?")[:16]
         removal = "never" if row["removal"] is None else row["removal"][:16]
-        size = f"{row['bytes'] / 1024**2:.1f} MiB"
-        echo(f"{row['user']:<12} {size:>10} {ended:<17} {removal:<17} {row['path']}")
+        size, on_disk = human_size(row["bytes"]), human_size(row["disk_bytes"])
+        echo(f"{row['user']:<12} {size:>10} {on_disk:>10} {ended:<17} {removal:<17} {row['path']}")
     return 0
 
 

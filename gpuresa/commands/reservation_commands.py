@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from dataclasses import replace
 from datetime import UTC, date, datetime, time
@@ -17,8 +18,12 @@ from gpuresa.config.sections import Config
 from gpuresa.errors import UserError
 from gpuresa.inert import echo, inert
 from gpuresa.model import Rejection, Reservation, ReservationSet
+from gpuresa.reservations.conflicts import site_time
 from gpuresa.reservations.rules import read_reservations
 from gpuresa.reservations.sources import SourceError, open_source
+
+# the RECURRENCE-ID that ends the key of an occurrence of a series (`model.occurrence_key`)
+_OCCURRENCE_STAMP = re.compile(r"@[0-9]{8}(?:T[0-9]{6}Z?)?(?=/growth$|$)")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -231,5 +236,8 @@ def print_table(
             echo("  " + "  ".join([*cells, row[-1]]))
     echo(f"\nRejected: {len(found.rejected)}")
     for rejection in found.rejected:
-        when = f"{shown(rejection.start)} " if rejection.start is not None else ""
-        echo(f"  {when}{rejection.key} ({rejection.calendar}): {rejection.reason}")
+        # one form of time on the line: the site's, with its zone; the occurrence's
+        # RECURRENCE-ID (a UTC stamp in its key, kept in --json) is what `when` says
+        when = f"{site_time(rejection.start, zone)} " if rejection.start is not None else ""
+        booking = _OCCURRENCE_STAMP.sub(", one occurrence", rejection.key, count=1)
+        echo(f"  {when}{booking} ({rejection.calendar}): {rejection.reason}")

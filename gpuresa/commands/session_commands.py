@@ -208,10 +208,12 @@ def stop_command(arguments: argparse.Namespace) -> int:
             grace = parse_duration(arguments.grace)
         except Invalid as error:
             raise UserError(f"--grace: {error}") from None
-    runtime = cast(Runtime, open_backend(config))
+    backend = open_backend(config)
     with docker_errors():
-        session = runtime.session(arguments.key)
-        runtime.stop(arguments.key, grace)
+        # through the session protocol, which every backend speaks (a cluster's too)
+        found = [item for item in backend.list_sessions() if item.key == arguments.key]
+        session = found[0] if found else None
+        backend.stop(arguments.key, grace)
     if session is None:
         echo(f"no session {arguments.key} on {config.daemon.host}: nothing to stop")
     else:

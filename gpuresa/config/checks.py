@@ -73,12 +73,30 @@ def cross_checks(config: Config) -> list[str]:
                 f"hosts[{index}].gpu_mode: udocker sessions get GPUs as device nodes only; "
                 'use "devices" or "none"'
             )
+        if host.engine in ("docker", "podman") and host.ftp_passive_ports.first <= 1024:
+            # vsftpd silently ignores a passive range at or below 1024 and takes a random
+            # port that nobody published: every data connection would be refused
+            problems.append(
+                f"hosts[{index}].ftp_passive_ports: {host.ftp_passive_ports} starts at or "
+                "below 1024, which the FTP server cannot use for passive data connections; "
+                "use ports from 1025 up, below net.ipv4.ip_local_port_range"
+            )
         if len(host.ftp_passive_ports) < host.ftp_passive_per_session:
             problems.append(
                 f"hosts[{index}].ftp_passive_ports: fewer ports than "
                 f"ftp_passive_per_session ({host.ftp_passive_per_session})"
             )
     problems.extend(_storage_checks(config))
+    notify = config.notify
+    if (
+        notify.enabled
+        and notify.username
+        and not (notify.password_file or notify.password_credential)
+    ):
+        problems.append(
+            "notify.username: the SMTP login needs notify.password_file or "
+            "notify.password_credential (or remove username to send without a login)"
+        )
     for index, mount in enumerate(config.storage.inputs):
         if mount.target == config.storage.output_target:
             problems.append(

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuresa.config.checks import cross_checks
+from gpuresa.config.key_paths import name_calendars, raw_calendar_names
 from gpuresa.config.loading import CONFIG_ENVIRONMENT_VARIABLE, config_path
 from gpuresa.config.schema import Loader
 from gpuresa.config.sections import Config
@@ -29,7 +30,7 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>") -> Config:
     if config is not None:
         loader.problems.extend(cross_checks(config))
     if loader.problems or config is None:
-        raise ConfigError(source, loader.problems)
+        raise ConfigError(source, name_calendars(loader.problems, raw_calendar_names(data)))
     return config
 
 

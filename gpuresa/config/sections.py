@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 from gpuresa.config.calendar_sections import CalendarConfig, DaemonConfig, ReservationsConfig
 from gpuresa.config.names import NAME, valid_login_keys
@@ -50,6 +50,11 @@ def _names(value: tuple[str, ...]) -> str | None:
     return None
 
 
+# the default SSH ports of a host's sessions, and of a Slurm cluster's (see HostConfig)
+SSH_PORTS = PortRange(223, 254)
+CLUSTER_SSH_PORTS = PortRange(22223, 22254)
+
+
 @dataclass(frozen=True)
 class HostConfig:
     """[[hosts]]: one GPU server, its GPUs and the ports its sessions may use."""
@@ -62,18 +67,35 @@ class HostConfig:
     gpus: tuple[int, ...] | Literal["auto"] = Field(
         "auto", check=_gpu_indices, expected='a list of GPU indices or "auto"'
     )
-    gpu_mode: Literal["nvidia", "cdi", "devices", "none"] = "nvidia"
+    # unset: the engine's own, set by __post_init__ (consumers never see None)
+    gpu_mode: Literal["nvidia", "cdi", "devices", "none"] = Field(None)
     bind_address: str = "0.0.0.0"
     public_name: str | None = None
     # other names users reach the host by: its SSH host certificates name them too
     aliases: tuple[str, ...] = Field((), check=_names)
-    # privileged ports (below 1024), which no host user can bind: see README "Ports"
-    ssh_ports: PortRange = PortRange(223, 254)
+    # privileged ports (below 1024), which no host user can bind: see docs/ports.md;
+    # unset: `SSH_PORTS`, or `CLUSTER_SSH_PORTS` on a cluster (set by __post_init__)
+    ssh_ports: PortRange = Field(None)
     ftp_ports: PortRange = PortRange(255, 286)
-    ftp_passive_ports: PortRange = PortRange(287, 382)
+    # FTP servers refuse passive ports at or below 1024; a data connection is safe
+    # on a port anyone could bind because it must resume the control connection's
+    # TLS session (see templates/ftp)
+    ftp_passive_ports: PortRange = PortRange(24000, 24095)
     ftp_passive_per_session: int = Field(3, check=at_least(1))
     driver_libraries: tuple[Path, ...] = ()
     driver_binaries: tuple[Path, ...] = (Path("/usr/bin/nvidia-smi"),)
+
+    def __post_init__(self) -> None:
+        # None until here when the file leaves it unset (its type says what consumers see)
+        if cast(object, self.gpu_mode) is None:
+            # udocker has no device requests: its sessions get GPUs as device nodes
+            default = "devices" if self.engine == "udocker" else "nvidia"
+            object.__setattr__(self, "gpu_mode", default)
+        if cast(object, self.ssh_ports) is None:
+            # a Slurm job's sshd runs as the booking's login, which cannot bind a
+            # privileged port: its own host key proves the session instead
+            ports = CLUSTER_SSH_PORTS if self.engine == "slurm" else SSH_PORTS
+            object.__setattr__(self, "ssh_ports", ports)
 
 
 @dataclass(frozen=True)

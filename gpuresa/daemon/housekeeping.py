@@ -39,10 +39,14 @@ class Housekeeping:
             "maintenance", MAINTENANCE_EVERY.total_seconds, started + MAINTENANCE_FIRST
         )
         self.outputs = Periodic("outputs", OUTPUTS_EVERY.total_seconds, started + OUTPUTS_FIRST)
+        # the logins of the sessions the last outputs round saw: a session of another
+        # login brings the round forward, so that the output service knows its login
+        # before the session ends (SFTP right after the end, not at the next round)
+        self.outputs_logins: frozenset[str] = frozenset()
 
     def tick(self, now: float) -> None:
         """Begin what is due at monotonic `now`."""
-        if self.outputs.due(now):
+        if self.outputs.due(now) or (not self.outputs.running and self._new_logins()):
             self._begin_outputs(now)
         if self.maintenance.due(now):
             self._begin_maintenance(now)
@@ -75,12 +79,17 @@ class Housekeeping:
         context = self.tools.context
         wall = self.tools.clock.now()
         sessions = list(self.sessions())
+        self.outputs_logins = self.outputs_logins | {session.user for session in sessions}
         notices = context.notices
 
         def work() -> str:
             return context.outputs.run(wall, sessions, notices.output_notice, notices.to_admin)
 
         self.tools.background("outputs", work, self._outputs_done)
+
+    def _new_logins(self) -> bool:
+        """Whether a session of a login the last outputs round did not see is there now."""
+        return any(session.user not in self.outputs_logins for session in self.sessions())
 
     def _outputs_done(self, result: str | Exception) -> None:
         self.outputs.finish(self.tools.clock.monotonic())

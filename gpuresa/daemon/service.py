@@ -42,6 +42,8 @@ from gpuresa.mail.smtp import Notifier
 from gpuresa.model import Session
 from gpuresa.observe.server import ObservationServer
 from gpuresa.outputs.disk import disk_warnings
+from gpuresa.runtime.errors import RuntimeUnavailable
+from gpuresa.runtime.host_holds import release_unneeded
 from gpuresa.runtime.port_safety import port_warnings
 
 log = logging.getLogger(__name__)
@@ -216,7 +218,20 @@ class Daemon:
             busy += loop.tools.background_running()
             if busy:
                 log.warning("left under way, to be finished after the next start: %s", busy)
+            # an action under way may be mounting: then everything is kept (and listed)
+            self._release_host(loop, listed=not busy)
         self._release()
+
+    def _release_host(self, loop: Loop, *, listed: bool) -> None:
+        """Let go of the mounts and loop devices no running session needs (see `host_holds`);
+        with `listed` False, or sessions that cannot be listed, keep them all."""
+        running: list[str] | None = None
+        try:
+            if listed:
+                running = [session.key for session in loop.context.runtime.list_sessions()]
+        except (RuntimeUnavailable, UserError) as error:
+            log.warning("the sessions cannot be listed; the host keeps what it holds: %s", error)
+        release_unneeded(self.config, running)
 
     def _release(self) -> None:
         """Close the usage store, the journal and the state directory's lock."""

@@ -60,6 +60,11 @@ class HistoryTable:
         rows = self._query("SELECT since FROM states WHERE key = ?", (key,))
         return from_text(rows[0]["since"]) if rows else None
 
+    def state_detail(self, key: str) -> str:
+        """Why `key` is in its current state (a failure's error, say); "" when not recorded."""
+        rows = self._query("SELECT detail FROM states WHERE key = ?", (key,))
+        return str(rows[0]["detail"]) if rows else ""
+
     def set_state(self, key: str, state: str, now: datetime, detail: str = "") -> bool:
         """Move `key` to `state`; record the transition only if the state changes.
 

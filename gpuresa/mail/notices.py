@@ -108,6 +108,10 @@ Reservation: {one_line(session.key)}
     return subject, body
 
 
+# what lftp needs to insist on TLS and check the host's certificate (saved as ftps.pem)
+_LFTP_SETTINGS = "set ftp:ssl-force true; set ssl:ca-file ftps.pem"
+
+
 def _transfer(session: Session, public_host: str, output_target: Path, password: str) -> str:
     """The start notice's FTPS paragraph (a session with an FTPS sidecar)."""
     return f"""\
@@ -121,8 +125,9 @@ While the session runs, {output_target} is also served over FTPS
   Passive ports: {session.ftp_passive_first}-{session.ftp_passive_last}
 
 With a client that keeps one TLS session for the whole login (lftp, FileZilla,
-WinSCP, curl), for example:
-  lftp -e "set ftp:ssl-force true" -p {session.ftp_port} -u {session.ftp_user} {public_host}"""
+WinSCP, curl) and the FTPS certificate below saved as ftps.pem, for example:
+  lftp -e "{_LFTP_SETTINGS}" -p {session.ftp_port} -u {session.ftp_user} {public_host}
+  curl --ssl-reqd --cacert ftps.pem -u {session.ftp_user} -T FILE ftp://{public_host}:{session.ftp_port}/"""
 
 
 def _sftp_transfer(session: Session, public_host: str, output_target: Path) -> str:

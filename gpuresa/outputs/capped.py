@@ -36,6 +36,7 @@ from pathlib import Path
 from gpuresa.config.sections import Config
 from gpuresa.outputs.disk import free_bytes, gibibytes, measure, mount_of, quota_problem
 from gpuresa.runtime.errors import SessionError
+from gpuresa.runtime.host_holds import unmount_elsewhere
 from gpuresa.runtime.labels import safe_key
 from gpuresa.runtime.output_area import in_host_namespace, store
 
@@ -218,6 +219,11 @@ def release_capped(config: Config, key: str, running: Path, stored: Path) -> Non
     for point in (running, stored):
         while os.path.ismount(point):
             _run("umount", str(point))
+    # and its copies in containers made meanwhile (the output service's): each would keep
+    # the image's loop device, and its blocks, for as long as that container lives
+    detached = unmount_elsewhere(image.resolve())
+    if detached:
+        log.info("%s: its image's copies in other namespaces detached: %s", key, detached)
     reader = store(config) / f".{safe_key(key)}.copy"
     reader.mkdir(mode=0o700, exist_ok=True)
     stored.mkdir(mode=0o700, exist_ok=True)

@@ -77,6 +77,7 @@ Your session's SSH server presents a host key of its own; its fingerprint
 def _certified_host_keys(config: Config, public_host: str) -> str:
     ca = HostCA(config)
     line = ca.known_hosts_line()
+    credentials = HostCredentials(config)
     text = f"""
 Every session of {public_host} (and its output service) presents a host key
 certified by this host's SSH certificate authority, valid for that session's
@@ -87,7 +88,13 @@ all your sessions on this host:
 
 The FTPS certificate's SHA-256 fingerprint (check it when your FTP client asks):
 
-  {HostCredentials(config).tls_fingerprint()}
+  {credentials.tls_fingerprint()}
+
+Clients that check certificates against a file (lftp: `set ssl:ca-file FILE`,
+curl: `--cacert FILE`) take this one, saved as a file (also printed by
+`gpuresa trust ftps-certificate` on the host):
+
+{credentials.tls_files()[0].read_text(encoding="ascii").strip()}
 """
     return text
 

@@ -59,6 +59,13 @@ _UNSAFE_UID = re.compile(r"[\x00-\x1f\x7f/\\]")
 _LEGACY_INTERNAL_PREFIXES = ("adhoc-", "bench:")
 # "<uid>@<recurrence id>" is the key of a series' occurrence: no single event's UID
 _OCCURRENCE_SUFFIX = re.compile(r"@[0-9]{8}(?:T[0-9]{6}Z?)?$")
+# what SUMMARY holds, in the words of the app whose admin reads the refusal, for sources
+# that write their own objects (X-GPURESA-SUMMARY); only these fixed phrases, so an event
+# that sets the property can make its own refusal say nothing else
+_SUMMARY_NAMES = {
+    "grr-beneficiary": "the booking's beneficiary (GRR's \"beneficiaire\", not its short "
+    'description "name")',
+}
 
 
 class BookingReader:
@@ -189,6 +196,7 @@ class BookingReader:
         """Apply the mapping rules to one VEVENT; every problem found is kept."""
         problems: list[str] = []
         summary = clean_text(component.text("SUMMARY") or "")[:_SUMMARY_LIMIT]
+        summary_is = _SUMMARY_NAMES.get((component.text("X-GPURESA-SUMMARY") or "").strip())
         if uid and (len(uid) > 255 or _UNSAFE_UID.search(uid) or uid in (".", "..")):
             problems.append(
                 "the event's UID cannot name a reservation (it has '/', '\\' or control "
@@ -204,8 +212,8 @@ class BookingReader:
             match = self.summary_regex.search(summary)
             if match is None:
                 problems.append(
-                    f"the title {quoted(summary)} does not have the form this calendar expects "
-                    "(its summary_regex)"
+                    f"{summary_is or 'the title'} {quoted(summary)} does not have the form "
+                    "this calendar expects (its summary_regex)"
                 )
             else:
                 from_regex = {
@@ -218,7 +226,7 @@ class BookingReader:
             clean_text(unescape_text(found.value))[:300]
             for found in component.all("X-GPURESA-REFUSED")
         )
-        user, email = self._user(component, summary, from_regex, problems)
+        user, email = self._user(component, summary, summary_is, from_regex, problems)
         host = self._host(component, problems)
         fields = self._fields(component, from_regex)
         template, cuda = self._template(fields, problems)
@@ -247,19 +255,27 @@ class BookingReader:
         self,
         component: Component,
         summary: str,
+        summary_is: str | None,
         from_regex: Mapping[str, str],
         problems: list[str],
     ) -> tuple[str | None, str | None]:
-        """The login (None when invalid) and the e-mail address that notices go to."""
+        """The login (None when invalid) and the e-mail address that notices go to.
+
+        `summary_is` is what the source calls SUMMARY's text (None: the event's title).
+        """
         organizer = email_address(component.first("ORGANIZER"))
         attendee = self._first_attendee(component)
         email = organizer or attendee
         if "user" in from_regex:
-            candidate, source = from_regex["user"], "the title"
+            candidate, source = from_regex["user"], summary_is or "the title"
         elif self.calendar.user_from == "summary":
-            candidate, source = summary.strip(), "the title"
+            candidate, source = summary.strip(), summary_is or "the title"
             if not candidate:
-                problems.append("no user: the event has no title (SUMMARY) to read a login from")
+                problems.append(
+                    f"no user: {summary_is} is empty"
+                    if summary_is
+                    else "no user: the event has no title (SUMMARY) to read a login from"
+                )
                 return None, email
         else:
             address = organizer if self.calendar.user_from == "organizer" else attendee

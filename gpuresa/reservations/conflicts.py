@@ -13,8 +13,9 @@ from bisect import bisect_left, insort
 from collections.abc import Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 from types import MappingProxyType
+from zoneinfo import ZoneInfo
 
 from gpuresa.config.sections import Config, HostConfig
 from gpuresa.model import Rejection, Reservation, ReservationSet
@@ -63,8 +64,10 @@ def _conflict_reason(
     count: int,
     first_seen: Mapping[str, datetime],
     holding: AbstractSet[str],
+    zone: tzinfo,
 ) -> str:
-    """Why `reservation` loses to `winner`, for its user: when the other is, why, the GPU count."""
+    """Why `reservation` loses to `winner`, for its user: when the other is (in the site's
+    `zone`), why, the GPU count."""
     if winner.key in holding:
         why = "which already runs"
     elif first_seen.get(winner.key, _LATEST) < first_seen.get(reservation.key, _LATEST):
@@ -72,7 +75,7 @@ def _conflict_reason(
     else:
         why = "which was booked at the same time (the UID decides)"
     # the other booking is someone else's: named by its time only, never by its text or UID
-    other = f"{_utc(winner.start)} to {_utc(winner.end)}"
+    other = f"{site_time(winner.start, zone)} to {site_time(winner.end, zone)}"
     return (
         f"overlaps another booking on host {reservation.host} from {other} {why}: the host has "
         f"{count} GPU(s) and {used} of them are taken during this time "
@@ -80,8 +83,10 @@ def _conflict_reason(
     )
 
 
-def _utc(instant: datetime) -> str:
-    return instant.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+def site_time(instant: datetime, zone: tzinfo) -> str:
+    """`instant` as a refusal gives every time: in the site's zone, with the zone's name
+    ("2026-03-12 09:00 CET"), so that one line never mixes zones."""
+    return instant.astimezone(zone).strftime("%Y-%m-%d %H:%M %Z")
 
 
 def resolve_conflicts(
@@ -119,6 +124,7 @@ def resolve_conflicts(
     session holds (a running session keeps the GPUs it started with).
     """
     hosts = {host.name: host for host in config.hosts}
+    zone = ZoneInfo(config.reservations.timezone)
     kept: list[Reservation] = []
     rejected: list[Rejection] = []
     by_host: dict[str, list[Reservation]] = {}
@@ -154,13 +160,15 @@ def resolve_conflicts(
                     kept.append(reservation)
                     continue
                 used, winner = blocking
-                reason = _conflict_reason(reservation, winner, used, count, first_seen, holders)
+                reason = _conflict_reason(
+                    reservation, winner, used, count, first_seen, holders, zone
+                )
             log.debug("%s: rejected: %s", reservation.key, reason)
             rejected.append(_rejection(reservation, reason))
         for clipped, whole in growths:
             if clipped not in kept:
                 continue
-            refusal = _grow(clipped, whole, kept_here, count, first_seen, holders)
+            refusal = _grow(clipped, whole, kept_here, count, first_seen, holders, zone)
             if refusal is None:
                 kept[kept.index(clipped)] = whole
             else:
@@ -224,6 +232,7 @@ def _grow(
     count: int,
     first_seen: Mapping[str, datetime],
     holders: AbstractSet[str],
+    zone: tzinfo,
 ) -> Rejection | None:
     """Add what `whole` asks beyond its granted `cut` (more time, more GPUs), or the
     refusal of that growth."""
@@ -239,9 +248,9 @@ def _grow(
         blocking = timeline.blocking(part, count)
         if blocking is not None:
             used, winner = blocking
-            why = _conflict_reason(part, winner, used, count, first_seen, holders)
-            asked = f"{whole.start.isoformat()} – {whole.end.isoformat()}"
-            kept = f"{cut.start.isoformat()} – {cut.end.isoformat()}"
+            why = _conflict_reason(part, winner, used, count, first_seen, holders, zone)
+            asked = f"{site_time(whole.start, zone)} – {site_time(whole.end, zone)}"
+            kept = f"{site_time(cut.start, zone)} – {site_time(cut.end, zone)}"
             if whole.gpus > cut.gpus:
                 asked += f" with {whole.gpus} GPU(s)"
                 kept += f" with {cut.gpus} GPU(s)"

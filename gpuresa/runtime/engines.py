@@ -93,6 +93,9 @@ class EngineKind:
 
     name = "engine"
     default_socket: str | None = None
+    # whether a service that dies mid-removal can leave a gone container's port forwarding
+    # behind (netavark's rules; see `forwarding`)
+    leaves_forwarding = False
 
     def check(self, engine: Engine) -> None:
         """Refuse (`SessionError`) an engine on which sessions would not get user namespaces."""
@@ -168,6 +171,7 @@ class Podman(EngineKind):
 
     name = "podman"
     default_socket = PODMAN_SOCKET
+    leaves_forwarding = True
 
     def __init__(self, subordinate_files: Sequence[Path] = SUBORDINATE_ID_FILES) -> None:
         self.subordinate_files = tuple(subordinate_files)

@@ -21,14 +21,17 @@ from gpuresa.runtime.engine import Engine
 from gpuresa.runtime.errors import SessionError
 from gpuresa.runtime.images import BUILT_FOR_LABEL, HASH_LABEL, Images
 from gpuresa.runtime.labels import HOST_LABEL, KEY_LABEL, NETWORK_ROLE, ROLE_LABEL
+from gpuresa.runtime.ownership import network_is_mine
 
 log = logging.getLogger(__name__)
 
 
 def leaked_networks(
-    engine: Engine, host: str, busy: Collection[str], min_age: timedelta
+    engine: Engine, host: str, installation: str, busy: Collection[str], min_age: timedelta
 ) -> list[str]:
-    """Remove this host's session networks that nothing uses; returns their names.
+    """Remove this installation's session networks of `host` that nothing uses; their names.
+
+    Another installation's networks (see `ownership.network_is_mine`) are never touched.
 
     A network is kept when its session key is in `busy`, when any container
     of that session exists, when a container is attached to it, or when it
@@ -45,6 +48,8 @@ def leaked_networks(
     removed = []
     for summary in networks:
         key = (summary.get("Labels") or {}).get(KEY_LABEL)
+        if not network_is_mine(summary, installation):
+            continue
         if key is None or key in busy or key in keys_with_containers:
             continue
         network = engine.network(str(summary["Id"]))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -22,10 +23,12 @@ from gpuresa.runtime.engine import Engine, EngineRefused
 from gpuresa.runtime.engines import EngineKind, engine_kind
 from gpuresa.runtime.errors import RuntimeUnavailable, SessionError
 from gpuresa.runtime.gpus import HostGpus
+from gpuresa.runtime.identity import installation_label
 from gpuresa.runtime.images import Images
-from gpuresa.runtime.labels import HOST_LABEL, KEY_LABEL, session_name
+from gpuresa.runtime.labels import HOST_LABEL, INSTALLATION_LABEL, KEY_LABEL, session_name
 from gpuresa.runtime.limits import HostTotals, totals_from_info
-from gpuresa.runtime.lookup import Found, by_role, session_from
+from gpuresa.runtime.lookup import Found, by_role, container_name, session_from
+from gpuresa.runtime.ownership import UNLABELLED, labels_of, network_is_mine, split
 from gpuresa.runtime.records import EndRecords
 from gpuresa.runtime.session_files import (
     HOST_KEYS_FOLDER,
@@ -60,6 +63,20 @@ class HostSessions:
         self.files = SessionFiles(config.daemon.state_dir / "sessions")
         self._gpus = HostGpus()
         self._info: dict[str, Any] | None = None
+        self._installation = ""
+        # another installation's sessions already logged: (its label, key)
+        self._reported: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    @property
+    def installation(self) -> str:
+        """This installation's label value (see `identity`), made on first use.
+
+        Raises `SessionError` when the id cannot be read or made.
+        """
+        if not self._installation:
+            self._installation = installation_label(self.config.daemon.state_dir)
+        return self._installation
 
     # --- what the host has -----------------------------------------------------------------
 
@@ -99,11 +116,43 @@ class HostSessions:
         return self.session_of(key, self.find(key))
 
     def find(self, key: str) -> Found:
-        """The containers of session `key` (full `inspect`), by role."""
+        """This installation's containers of session `key` (full `inspect`), by role.
+
+        Another installation's containers of the same host and key are never
+        among them (see `ownership`): nothing here stops or adopts them.
+        """
         containers = self.engine.containers(
             {"label": [f"{HOST_LABEL}={self.config.daemon.host}", f"{KEY_LABEL}={key}"]}
         )
-        return by_role(containers)
+        mine, others = split(containers, self.installation, self.files.root)
+        self.report_foreign(others)
+        return by_role(mine)
+
+    def host_containers(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """This host's containers (full `inspect`): this installation's, and all others.
+
+        Others are logged once each (see `report_foreign`).
+        """
+        containers = self.engine.containers({"label": [f"{HOST_LABEL}={self.config.daemon.host}"]})
+        mine, others = split(containers, self.installation, self.files.root)
+        self.report_foreign(others)
+        return mine, others
+
+    def report_foreign(self, containers: list[dict[str, Any]]) -> None:
+        """Log, once per session, containers of this host that another installation made."""
+        for container in containers:
+            labels = labels_of(container)
+            owner = labels.get(INSTALLATION_LABEL) or UNLABELLED
+            seen = (owner, labels.get(KEY_LABEL, ""))
+            with self._lock:
+                if seen in self._reported:
+                    continue
+                self._reported.add(seen)
+            log.warning(
+                "%s: container %s is another installation's (%s) on this engine and host "
+                "name: left alone, never stopped; give each installation its own host name",
+                seen[1], container_name(container), owner,
+            )  # fmt: skip
 
     def session_of(self, key: str, found: Found) -> Session | None:
         """The session that containers `found` make up, with its recorded end (see `lookup`)."""
@@ -176,13 +225,14 @@ class HostSessions:
         """Remove session `key`'s networks, found by label and by name; gone counts as done."""
         host = self.config.daemon.host
         networks = self.engine.networks({"label": [f"{HOST_LABEL}={host}", f"{KEY_LABEL}={key}"]})
-        names = {str(network["Id"]) for network in networks}
         named = self.engine.networks({"name": session_name(host, key)})
-        names.update(
+        networks += [network for network in named if network.get("Name") == session_name(host, key)]
+        # another installation's network of the same name stays (see `ownership`)
+        names = {
             str(network["Id"])
-            for network in named
-            if network.get("Name") == session_name(host, key)
-        )
+            for network in networks
+            if network_is_mine(network, self.installation)
+        }
         for network in names:
             self.engine.remove_network(network, key)
 

@@ -19,6 +19,8 @@ from gpuresa.model import IdRange, Session, SessionSpec
 HOST_LABEL = "gpuresa.host"
 KEY_LABEL = "gpuresa.reservation"
 ROLE_LABEL = "gpuresa.role"
+# the installation that made an object (see `identity`): never the host name alone
+INSTALLATION_LABEL = "gpuresa.installation"
 MAIN_ROLE = "main"
 FTP_ROLE = "ftp"
 NETWORK_ROLE = "network"

@@ -26,12 +26,16 @@ the `.running` mount.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
+import fcntl
 import json
 import logging
 import os
+import re
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +48,8 @@ log = logging.getLogger(__name__)
 
 RUNNING_FOLDER = ".running"
 STORE_FOLDER = ".running-store"
+# in the store (root-only): held while the area is checked and mounted
+LOCK_FILE = ".area.lock"
 AREA_MODE = 0o700
 # <sys/mount.h>
 MS_NOSUID = 0x2
@@ -126,8 +132,11 @@ def ensure_area(config: Config) -> Path:
 
     Idempotent: each start calls it, so a host reboot (which drops the mount)
     or an admin's chmod is repaired before any session's output is mounted.
-    Raises `SessionError` when it cannot be made so (fails closed: no session
-    starts with its output where a set-uid file would work).
+    Sessions prepared at once (threads of one daemon, a daemon and an admin's
+    command) make one mount between them: the check and the mount are made
+    under a lock of the store's. Raises `SessionError` when it cannot be made
+    so (fails closed: no session starts with its output where a set-uid file
+    would work).
     """
     path = area(config)
     try:
@@ -146,15 +155,58 @@ def ensure_area(config: Config) -> Path:
                 "(it runs in a mount namespace of its own): run `gpuresa outputs prepare-area` "
                 "as root (the unit's ExecStartPre does)"
             )
-        if mount_of(path, HOST_MOUNTINFO.read_text()).point != path.resolve():
-            _mount(str(store(config)), path, MS_BIND)
-        _mount(None, path, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV)
+        with area_lock(config):
+            _mount_area(config, path)
         problem = area_problem(path)
     except OSError as error:
         raise SessionError(f"cannot prepare {path} for running outputs: {error}") from None
     if problem is not None:
         raise SessionError(f"running outputs cannot be kept safely: {problem}")
     return path
+
+
+@contextlib.contextmanager
+def area_lock(config: Config) -> Iterator[None]:
+    """Hold the running area's lock (a root-only file of the store, flock'd) while inside.
+
+    flock locks belong to an open file, so two threads of one process wait
+    for each other as two processes do. Raises `OSError` when it cannot be taken.
+    """
+    descriptor = os.open(
+        store(config) / LOCK_FILE,
+        os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+        0o600,
+    )
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)
+
+
+def _mount_area(config: Config, path: Path) -> None:
+    """Bind the store on `path` unless this namespace's mountinfo shows it there, then make
+    the top mount nosuid and nodev (the caller holds the area's lock)."""
+    points = mount_points(Path("/proc/self/mountinfo").read_text())
+    if path.resolve() not in points:
+        _mount(str(store(config)), path, MS_BIND)
+    _mount(None, path, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV)
+
+
+def mount_points(mountinfo: str) -> list[Path]:
+    """Every mount point of `mountinfo`'s text, in its order (a point stacked twice shows twice)."""
+    points = []
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if len(fields) > 4:
+            points.append(Path(unescape(fields[4])))
+    return points
+
+
+def unescape(field: str) -> str:
+    """A mountinfo path field as a path: the kernel writes space, tab, newline and
+    backslash as three octal digits after a backslash."""
+    return re.sub(r"\\([0-7]{3})", lambda match: chr(int(match.group(1), 8)), field)
 
 
 def in_host_namespace() -> bool:
@@ -166,11 +218,23 @@ def in_host_namespace() -> bool:
 
 
 def release_area(config: Config) -> None:
-    """Unmount the running area (lazily); for tests and uninstalling. Raises `OSError`."""
+    """Unmount the running area, every mount stacked there (lazily); gone is done.
+
+    For a host with no running session: a mount of the area no session needs
+    keeps its output root busy. Raises `OSError` when an unmount is refused.
+    """
+    path = area(config)
+    with area_lock(config) if store(config).is_dir() else contextlib.nullcontext():
+        while path.resolve() in mount_points(Path("/proc/self/mountinfo").read_text()):
+            unmount(path)
+
+
+def unmount(point: Path) -> None:
+    """Detach the top mount at `point` (lazily: its last user frees it). Raises `OSError`."""
     library = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    if library.umount2(str(area(config)).encode(), MNT_DETACH) != 0:
+    if library.umount2(str(point).encode(), MNT_DETACH) != 0:
         error = ctypes.get_errno()
-        raise OSError(error, f"umount {area(config)}: {os.strerror(error)}")
+        raise OSError(error, f"umount {point}: {os.strerror(error)}")
 
 
 def remember(config: Config, key: str, user: str, final: Path, writer: int | None = None) -> None:

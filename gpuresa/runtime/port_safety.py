@@ -3,7 +3,10 @@
 A port a host user can bind while no session holds it (between sessions, or
 while the output service is being made again) lets that user answer in place of
 gpuresa. Ports below `net.ipv4.ip_unprivileged_port_start` (1024 by default)
-can only be bound by root, so gpuresa's default ranges lie below 1024.
+can only be bound by root, so gpuresa's default ranges lie below 1024. A host
+whose sessions' SSH servers run as their logins (a Slurm job's, see
+`backends.factory.ssh_as_login`) is the other way round: its ports must be
+unprivileged, and the session's own host key proves it.
 """
 
 from __future__ import annotations
@@ -34,9 +37,23 @@ def port_warnings(config: Config, first_unprivileged: int | None = None) -> list
         "and answer in place of gpuresa while no session holds them; use ports below "
         f"{start}"
     )
+    # imported here: the backends import this package
+    from gpuresa.backends.factory import ssh_as_login
+
     warnings = []
     for index, host in enumerate(config.hosts):
-        for name in ("ssh_ports", "ftp_ports", "ftp_passive_ports"):
+        if ssh_as_login(host.engine):
+            if host.ssh_ports.first < start:
+                warnings.append(
+                    f"hosts[{index}].ssh_ports: {host.ssh_ports} starts below {start}: the "
+                    "sessions' sshd runs as the booking's login and cannot bind it; use "
+                    f"ports from {start} up, as its default does (the session's own host "
+                    "key proves the session there)"
+                )
+            continue
+        # passive ports are left out: they cannot be privileged (FTP servers refuse
+        # them) and a data connection is tied to its control connection's TLS session
+        for name in ("ssh_ports", "ftp_ports"):
             ports = getattr(host, name)
             if ports.last >= start:
                 warnings.append(f"hosts[{index}].{name}: {ports} is bindable: {why}")

@@ -29,7 +29,7 @@ from gpuresa.runtime import garbage, stopping
 from gpuresa.runtime.engines import EngineKind
 from gpuresa.runtime.errors import SessionError
 from gpuresa.runtime.host_sessions import HostSessions
-from gpuresa.runtime.labels import HOST_LABEL, utc_text
+from gpuresa.runtime.labels import utc_text
 from gpuresa.runtime.lookup import (
     Found,
     by_key,
@@ -38,6 +38,7 @@ from gpuresa.runtime.lookup import (
     status,
 )
 from gpuresa.runtime.namespaces import require_user_namespaces
+from gpuresa.runtime.ownership import sessions_of_others
 from gpuresa.runtime.session_files import SessionFacts, end_text
 from gpuresa.runtime.specs import new_spec
 from gpuresa.runtime.starting import start_session
@@ -148,7 +149,7 @@ class Runtime:
         From one listing of the engine, so the two always agree (the GPU
         tracker tells a session's processes from others' by container id).
         """
-        containers = self.engine.containers({"label": [f"{HOST_LABEL}={self.config.daemon.host}"]})
+        containers, _ = self.sessions.host_containers()
         sessions = []
         for key, found in by_key(containers).items():
             session = self.sessions.session_of(key, found)
@@ -156,6 +157,14 @@ class Runtime:
                 sessions.append(session)
         ordered = sorted(sessions, key=lambda session: (session.start, session.key))
         return ordered, container_roles(containers)
+
+    def foreign_sessions(self) -> list[Session]:
+        """The sessions of this host name that another installation made (see `ownership`).
+
+        For `gpuresa plan` to show: nothing here stops, adopts or collects
+        them. Unreadable ones are left out.
+        """
+        return sessions_of_others(self.sessions.host_containers()[1])
 
     def session(self, key: str) -> Session | None:
         """The session `key` of this host as Docker shows it, or None."""
@@ -356,7 +365,9 @@ class Runtime:
         and that no container uses. Returns the names and tags removed.
         """
         host = self.config.daemon.host
-        removed = garbage.leaked_networks(self.engine, host, busy, network_min_age)
+        removed = garbage.leaked_networks(
+            self.engine, host, self.sessions.installation, busy, network_min_age
+        )
         return removed + garbage.old_images(self.engine, self.images, host)
 
     def cleanup(self, busy: Collection[str]) -> list[str]:

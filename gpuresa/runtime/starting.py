@@ -22,10 +22,12 @@ from gpuresa.outputs.host_ca import HostCA
 from gpuresa.runtime.create_payloads import MainContainer, ftp_payload, main_payload
 from gpuresa.runtime.engine import dumps
 from gpuresa.runtime.errors import EngineTimeout, ImageMissing, PortRefused, SessionError
+from gpuresa.runtime.forwarding import remove_stale_forwarding
 from gpuresa.runtime.gpus import host_gpu_access
 from gpuresa.runtime.host_sessions import HostSessions
 from gpuresa.runtime.labels import (
     FTP_ROLE,
+    INSTALLATION_LABEL,
     MAIN_ROLE,
     NETWORK_ROLE,
     ROLE_LABEL,
@@ -108,7 +110,11 @@ def prepare_session(
     )
     # the keys are a root-only host file mounted read-only, never the container's own
     sessions.files.show_keys(key, keys)
-    labels = session_labels(labelled, uid, output_dir, credentials.user)
+    # the installation's label: what tells its objects from another's on a shared engine
+    labels = {
+        **session_labels(labelled, uid, output_dir, credentials.user),
+        INSTALLATION_LABEL: sessions.installation,
+    }
     host_credentials = HostCredentials(sessions.config)
     host_keys = files / HOST_KEYS_FOLDER
     host_keys.mkdir(mode=0o700, exist_ok=True)
@@ -129,6 +135,14 @@ def prepare_session(
     log.debug("%s: main container %s", key, dumps(main_config))
     name = session_name(spec.host, key)
     sidecar = ftp_name(spec.host, key)
+    if sessions.kind.leaves_forwarding:
+        # a gone container's forwarding of these ports would take their traffic
+        remove_stale_forwarding(
+            published_ports(spec),
+            lambda: {str(item["Id"]) for item in sessions.engine.container_summaries({})},
+            ":" in sessions.host.bind_address,
+            key,
+        )
     try:
         sessions.engine.create_network(name, {**labels, ROLE_LABEL: NETWORK_ROLE}, key)
         main_id = sessions.engine.create_container(name, main_config, key)
@@ -181,6 +195,12 @@ def prepare_session(
     if session is None:
         raise SessionError(f"session {key} was created but Docker does not list it")
     return session, found
+
+
+def published_ports(spec: SessionSpec) -> list[int]:
+    """The host ports a session publishes: SSH, FTP and the FTP passive range."""
+    passive = range(spec.ftp_passive_first, spec.ftp_passive_last + 1)
+    return [spec.ssh_port, spec.ftp_port, *passive]
 
 
 def start_session(sessions: HostSessions, spec: SessionSpec, ready_timeout: float) -> Session:

@@ -7,7 +7,9 @@ takes jobs and has the GPUs free (see `placement.node_for`). Everything
 Slurm holds for session `key` is named `gpuresa-<12 hex digits of the host
 and key>`: its reservation and its job; a record in `<state_dir>/slurm/`
 (root's) remembers the rest, so a new backend object adopts both and never
-touches a reservation it did not make.
+touches a reservation it did not make. A job is the session's by the id
+recorded when gpuresa submitted it and by its login, never by its name, which
+anyone may give a job (see `jobs`).
 
 Reserving GPUs (see `Reserver`): where Slurm reserves GRES (23.11 and later)
 the reservation holds `gres/gpu=N` on the node for the whole booking. Slurm
@@ -15,10 +17,13 @@ the reservation holds `gres/gpu=N` on the node for the whole booking. Slurm
 node from the booking's start: the backfill scheduler starts no other job on
 it that would run into the booking. At the start the session's job runs in
 the reservation with `--gres=gpu:N`; once it runs it holds its GPUs for its
-time limit (the booking's end), so gpuresa takes the job out of the
+time limit (past the booking's end: see `limit_minutes`), so gpuresa takes the job out of the
 reservation and deletes it, handing the node's other GPUs back to the
 cluster. A reservation that would overlap another gpuresa reservation of the
-same node still waiting for its job is made when that job runs.
+same node still waiting for its job is made when that job runs. One that
+Slurm refuses ahead (the node busy with jobs that would run into the booking)
+is tried again until the start whenever the sessions are listed (the daemon
+does it every round; see `Reserver.tend`).
 """
 
 from __future__ import annotations
@@ -26,20 +31,19 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import math
 import os
 import secrets
 import shutil
-import socket
 import time
 from collections.abc import Collection
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from gpuresa.access import AccessError, authorized_keys, check_login, host_account
-from gpuresa.backends.host_keys import fingerprint_in
+from gpuresa.backends.slurm.answering import wait_for_job_sshd
 from gpuresa.backends.slurm.container import JobContainers
 from gpuresa.backends.slurm.gateway import Job, Node, SlurmGateway
+from gpuresa.backends.slurm.jobs import SessionJobs, limit_minutes
 from gpuresa.backends.slurm.jobscript import JobSettings, job_script
 from gpuresa.backends.slurm.placement import node_for
 from gpuresa.backends.slurm.records import Record, Records
@@ -53,14 +57,6 @@ from gpuresa.runtime.session_files import SessionFacts, SessionFiles
 log = logging.getLogger(__name__)
 
 PREFIX = "gpuresa-"
-_RUNNING = {"RUNNING"}
-_WAITING = {"PENDING", "CONFIGURING", "REQUEUED", "RESIZING", "SUSPENDED"}
-
-
-def limit_minutes(start: datetime, end: datetime) -> int:
-    """A job time limit, in the whole minutes Slurm counts, that runs from `start` to no
-    earlier than `end` (at least one)."""
-    return max(1, math.ceil((end - start).total_seconds() / 60))
 
 
 def slurm_name(host: str, key: str) -> str:
@@ -70,6 +66,10 @@ def slurm_name(host: str, key: str) -> str:
 
 class SlurmBackend:
     """The sessions of one Slurm cluster (see the module and `backends.protocol`)."""
+
+    # a job's sshd runs as the booking's login, with no root on its node: its port is an
+    # unprivileged one, and the job's own host key proves it (see `answering`)
+    SSH_AS_LOGIN = True
 
     def __init__(self, config: Config, gateway: SlurmGateway | None = None) -> None:
         self.config = config
@@ -81,6 +81,9 @@ class SlurmBackend:
         self.files = SessionFiles(settings.shared_dir / "sessions", root_mode=0o711)
         self.runs = settings.shared_dir / "runs"
         self.reserver = Reserver(self.gateway, settings.gres_reservations, PREFIX)
+        self.jobs = SessionJobs(self.gateway, self.records)
+        # sessions whose prepare runs in this object: their reservation is its to make
+        self._preparing: set[str] = set()
         # the template's container in each job (None: the node's own sshd)
         self.containers = JobContainers(config) if settings.container == "udocker" else None
 
@@ -121,6 +124,13 @@ class SlurmBackend:
     # --- a session's life -----------------------------------------------------------------
 
     def prepare(self, spec: SessionSpec, ready_timeout: float = 30) -> Session:
+        self._preparing.add(spec.key)
+        try:
+            return self._prepare(spec)
+        finally:
+            self._preparing.discard(spec.key)
+
+    def _prepare(self, spec: SessionSpec) -> Session:
         record = self.records.get(spec.key)
         if record is None:
             self.check_spec(spec)
@@ -132,7 +142,7 @@ class SlurmBackend:
         if record.job is None:
             if self.containers is not None and not record.container_made:
                 record = self._make_container(record)
-            self.reserver.reserve(record, waiting_is_fine=True)
+            self.reserver.reserve(record, waiting_is_fine=True, own=self._own_jobs())
         return self._session(record, None)
 
     def _make_container(self, record: Record) -> Record:
@@ -158,12 +168,21 @@ class SlurmBackend:
         self.prepare(spec, ready_timeout)
         record = self.records.get(spec.key)
         assert record is not None
-        job = self._job(record)
-        if job is None or job.state not in _RUNNING | _WAITING:
-            self.reserver.reserve(record, waiting_is_fine=False, start_now=True)
-            job_id = self._submit(record)
-            record = record.with_job(job_id)
-            self.records.put(record)
+        job = self.jobs.own(record)
+        left = None if job is not None else self.jobs.left_held(record)
+        # a job submitted by this start (not one that already ran) is cancelled if it fails
+        fresh = job is None or job.state != "RUNNING"
+        if left is not None:
+            # a daemon killed right after the submission: its job, held, is adopted
+            record = self.jobs.adopt(record, left)
+        elif job is None or not job.waits_or_runs:
+            self.reserver.reserve(
+                record, waiting_is_fine=False, start_now=True, own=self._own_jobs()
+            )
+            record = self._submit(record)
+        elif job.held:
+            # a daemon killed between the job's record and its release
+            self.jobs.release(record)
         deadline = time.monotonic() + max(ready_timeout, self.config.slurm.start_timeout.seconds)
         job = self._wait_running(record, deadline)
         if record.job_start is None:
@@ -171,39 +190,38 @@ class SlurmBackend:
             # from it, so that the new limit never ends before the booking
             record = record.with_job_start(job.start or datetime.now(UTC))
             self.records.put(record)
-        self._wait_ssh(record, deadline)
+        account = host_account(record.user)
+        if account is None:
+            raise SessionError(f"{record.user!r} has no account on the cluster")
+        public = self.runs / record.name / "host_key.pub"
+        # the job's sshd, by the host key the job made: its fingerprint is for the notice
+        try:
+            found = wait_for_job_sshd(
+                record.key, record.node, record.ssh_port, public, account.uid, deadline
+            )
+        except SessionError:
+            if fresh:
+                self.jobs.cancel(record, "KILL")
+            raise
         self.reserver.hand_over(record, job)
         for other in self.records.all():
             if other.node == record.node and other.key != record.key and other.job is None:
                 with contextlib.suppress(SessionError):
-                    self.reserver.reserve(other, waiting_is_fine=True)
-        # the host key the job made, for the start notice (made before its sshd answered)
-        account = host_account(record.user)
-        public = self.runs / record.name / "host_key.pub"
-        found = None if account is None else fingerprint_in(public, account.uid)
-        record = record.with_host_key(found or "")
+                    self.reserver.reserve(other, waiting_is_fine=True, own=self._own_jobs())
+        record = record.with_host_key(found)
         self.records.put(record)
         # node reservations are gone once handed over; GRES reservations stand to the end
         return self._session(record, job, reserved=self.reserver.gres_mode())
 
-    def _submit(self, record: Record) -> int:
+    def _own_jobs(self) -> set[int]:
+        """The ids of the jobs gpuresa submitted for its sessions."""
+        return {record.job for record in self.records.all() if record.job is not None}
+
+    def _submit(self, record: Record) -> Record:
         # whole minutes, rounded up from now: the limit counts from the job's start, which
-        # is now or later, so the job never ends before the booking (gpuresa stops it then)
-        minutes = limit_minutes(datetime.now(UTC), record.end)
-        argv = [
-            "sbatch",
-            "--parsable",
-            f"--job-name={record.name}",
-            f"--reservation={record.name}",
-            f"--nodelist={record.node}",
-            "--nodes=1",
-            "--ntasks=1",
-            f"--time={minutes}",
-            "--export=NONE",
-            f"--output={self.runs / record.name / 'job.log'}",
-        ]
-        if record.gpus:
-            argv.append(f"--gres=gpu:{record.gpus}")
+        # is now or later, so the job never ends before the booking and its stop's grace
+        # (gpuresa stops it then)
+        minutes = limit_minutes(datetime.now(UTC), record.end, self.config.daemon.stop_grace)
         settings = JobSettings(
             record.user,
             record.ssh_port,
@@ -223,43 +241,31 @@ class SlurmBackend:
                 Path(record.output),
             ),
         )
-        out = self.gateway.run(argv, as_user=record.user, stdin=job_script(settings))
-        return int(out.strip().split(";")[0])
+        log_file = self.runs / record.name / "job.log"
+        return self.jobs.submit(record, minutes, log_file, job_script(settings))
 
     def _wait_running(self, record: Record, deadline: float) -> Job:
         while True:
-            job = self._job(record)
-            if job is not None and job.state in _RUNNING:
+            job = self.jobs.own(record)
+            if job is not None and job.state == "RUNNING":
                 return job
-            if job is None or job.state not in _WAITING:
+            if job is None or not job.waits_or_runs:
                 raise SessionError(
                     f"the job of {record.key} ended before it ran ({job.state if job else 'gone'})"
                 )
             if time.monotonic() > deadline:
-                self._cancel(record, "KILL")
+                self.jobs.cancel(record, "KILL")
                 raise SessionError(f"the job of {record.key} did not start in time")
             time.sleep(0.3)
-
-    def _wait_ssh(self, record: Record, deadline: float) -> None:
-        while True:
-            try:
-                with socket.create_connection((record.node, record.ssh_port), timeout=2) as link:
-                    if link.recv(4).startswith(b"SSH-"):
-                        return
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise SessionError(f"the SSH server of {record.key} did not answer in time")
-            time.sleep(0.2)
 
     def stop(self, key: str, grace: timedelta) -> None:
         record = self.records.get(key)
         if record is None:
             return
-        if self._job(record) is not None:
-            self._cancel(record, "TERM")
+        if self.jobs.own(record) is not None:
+            self.jobs.cancel(record, "TERM")
             limit = time.monotonic() + grace.total_seconds()
-            while self._job(record) is not None and time.monotonic() < limit:
+            while self.jobs.own(record) is not None and time.monotonic() < limit:
                 time.sleep(0.2)
         self.kill(key)
 
@@ -267,9 +273,13 @@ class SlurmBackend:
         record = self.records.get(key)
         if record is None:
             return
+        left = self.jobs.left_held(record)
+        if left is not None:
+            # the held job of a submission cut off before its record: ended with the rest
+            record = record.with_job(left.id)
         limit = time.monotonic() + 20
-        while self._job(record) is not None:
-            self._cancel(record, "KILL")
+        while self.jobs.own(record) is not None:
+            self.jobs.cancel(record, "KILL")
             if time.monotonic() > limit:
                 raise SessionError(f"the job of {key} does not end")
             time.sleep(0.3)
@@ -278,6 +288,7 @@ class SlurmBackend:
         self.files.remove(key)
         shutil.rmtree(self.runs / record.name, ignore_errors=True)
         self.records.remove(key)
+        self.reserver.forget(key)
         log.info("%s: stopped; output kept in %s", key, record.output)
         self.finish_stop(record.session("stopped", Path(record.output)))
 
@@ -295,31 +306,27 @@ class SlurmBackend:
         """`list_sessions()`; the GPU tracker matches no cgroup of Slurm's jobs yet."""
         return self.list_sessions(), {}
 
-    def _cancel(self, record: Record, signal: str) -> None:
-        with contextlib.suppress(SessionError):
-            self.gateway.run(["scancel", f"--signal={signal}", "--full", f"--name={record.name}"])
-
     # --- what runs --------------------------------------------------------------------------
 
-    def _job(self, record: Record) -> Job | None:
-        jobs = [job for job in self.gateway.jobs(record.name) if job.name == record.name]
-        live = [job for job in jobs if job.state in _RUNNING | _WAITING | {"COMPLETING"}]
-        return live[0] if live else None
-
     def list_sessions(self) -> list[Session]:
+        """Every session of the records, with its own job; jobs named like one that are
+        not its own are reported, and reservations refused ahead tried again
+        (`Reserver.tend`)."""
         records = self.records.all()
         if not records:
             return []
-        jobs = {job.name: job for job in self.gateway.jobs(PREFIX)}
+        jobs = self.gateway.jobs(PREFIX)
+        self.jobs.report_strangers(records, jobs)
         standing = set(self.gateway.reservations())
+        self.reserver.tend(records, standing, self._preparing)
         return [
-            self._session(record, jobs.get(record.name), record.name in standing)
+            self._session(record, self.jobs.own(record, jobs), record.name in standing)
             for record in records
         ]
 
     def _session(self, record: Record, job: Job | None, reserved: bool = True) -> Session:
         """The session of `record`: its state from `job`; `reserved`: its reservation stands."""
-        if job is not None and job.state in _RUNNING:
+        if job is not None and job.state == "RUNNING":
             state = "running"
         elif job is None and record.job is not None:
             state = "stopped"
@@ -337,10 +344,10 @@ class SlurmBackend:
         record = record.with_end(end)
         self.records.put(record)
         self.reserver.extend(record)
-        job = self._job(record)
+        job = self.jobs.own(record)
         began = (job.start if job else None) or record.job_start
         if job is not None and began is not None:
-            minutes = limit_minutes(began, end)
+            minutes = limit_minutes(began, end, self.config.daemon.stop_grace)
             self.gateway.scontrol("update", "", {"JobId": str(job.id), "TimeLimit": str(minutes)})
         self._show(record)
 

@@ -76,6 +76,13 @@ class Reservation:
     tres: str
 
 
+# job states of a job that waits or runs; the others that squeue shows (COMPLETED,
+# CANCELLED, TIMEOUT, FAILED…, listed for `MinJobAge` after the end) are over, but for
+# COMPLETING, a job whose processes are being ended
+RUNNING_STATES = frozenset({"RUNNING"})
+WAITING_STATES = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "RESIZING", "SUSPENDED"})
+
+
 @dataclass(frozen=True)
 class Job:
     """A job as `squeue --json` shows it."""
@@ -90,6 +97,20 @@ class Job:
     end: datetime | None
     # when it began running (None while it waits): its time limit counts from here
     start: datetime | None = None
+    # the submitter's `--comment` (any user chooses their own)
+    comment: str = ""
+    # why it waits (`JobHeldUser` for a job submitted with `--hold`)
+    reason: str = ""
+
+    @property
+    def waits_or_runs(self) -> bool:
+        """Whether the job waits or runs (not over, nor being ended)."""
+        return self.state in RUNNING_STATES | WAITING_STATES
+
+    @property
+    def held(self) -> bool:
+        """Whether the job waits for a release (`--hold`, `scontrol hold`)."""
+        return self.state == "PENDING" and self.reason.startswith("JobHeld")
 
 
 def fields(line: str) -> dict[str, str]:
@@ -213,8 +234,9 @@ class SlurmGateway:
             )
         return found
 
-    def jobs(self, prefix: str) -> list[Job]:
-        """The jobs that are not over yet and whose name starts with `prefix`."""
+    def jobs(self, prefix: str = "") -> list[Job]:
+        """The jobs the controller still lists whose name starts with `prefix`: those that
+        wait or run, and, for a while (`MinJobAge`), those that ended (see `Job.state`)."""
         data = json.loads(self.run(["squeue", "--json"]))
         found = []
         for job in data.get("jobs", []):
@@ -234,6 +256,8 @@ class SlurmGateway:
                     str(job.get("tres_per_node", "") or ""),
                     datetime.fromtimestamp(int(end), UTC) if end else None,
                     datetime.fromtimestamp(int(began), UTC) if began else None,
+                    str(job.get("comment", "") or ""),
+                    str(job.get("state_reason", "") or ""),
                 )
             )
         return found

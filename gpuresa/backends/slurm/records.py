@@ -3,7 +3,8 @@
 Slurm keeps the reservation and the job; this record keeps what Slurm has no
 field for (the booking's key, ports, template, output folder, the node gpuresa
 chose, when the job started) so that a new backend object, after a restart or
-a `kill -9`, rebuilds every session and finds its reservation and job by name.
+a `kill -9`, rebuilds every session and finds its reservation by name and its
+job by the id recorded at its submission.
 Files are written whole and renamed into place: a crash leaves the old record
 or the new one, never half of one.
 """
@@ -50,6 +51,8 @@ class Record:
     container_made: bool = False
     # the fingerprint of the host key the job's sshd made, for the start notice
     host_key: str = ""
+    # the token of the job's submission, recorded before it (see `jobs.SessionJobs`)
+    submission: str = ""
 
     @classmethod
     def of(cls, spec: SessionSpec, name: str, node: str) -> Record:
@@ -73,6 +76,9 @@ class Record:
 
     def with_job(self, job: int) -> Record:
         return dataclasses.replace(self, job=job, job_start=None)
+
+    def with_submission(self, token: str) -> Record:
+        return dataclasses.replace(self, submission=token)
 
     def with_job_start(self, moment: datetime) -> Record:
         return dataclasses.replace(self, job_start=moment)

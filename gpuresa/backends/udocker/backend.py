@@ -2,10 +2,11 @@
 
 A session is: a udocker container in the login's own repository (`tools`),
 started as the login in a cgroup gpuresa owns (`cgroups`, `launch`), and the
-login's own sshd on the session's port whose ForceCommand enters the
-container. Inside, the login is root of the session's user namespace, which
-maps that one id onto the login's own host uid. What gpuresa keeps per session
-(`records`) and the cgroup tree are all a restarted daemon needs to adopt it.
+session's port, bound by root and served by the login's own `sshd -i` for each
+connection (`listening`), whose ForceCommand enters the container. Inside, the
+login is root of the session's user namespace, which maps that one id onto the
+login's own host uid. What gpuresa keeps per session (`records`) and the
+cgroup tree are all a restarted daemon needs to adopt it.
 The banner, motd, end, message and login gate are the same host-written files
 as for the engines (`gpuresa.runtime.session_files`), mounted read-only.
 """
@@ -22,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from gpuresa.access import AccessError, Account, authorized_keys, host_account
-from gpuresa.backends.udocker import launch, tools
+from gpuresa.backends.udocker import launch, listening, tools
 from gpuresa.backends.udocker.cgroups import CGROUP_ROOT, SessionCgroup, remove_others
 from gpuresa.backends.udocker.devices import denied_devices, driver_volumes
 from gpuresa.backends.udocker.host import check_host, login_output, session_account
@@ -140,7 +141,7 @@ class UdockerBackend:
         folder = self.records.folder(record.spec.key)
         if launch.init_pid(cgroup, folder) is None:
             return "stopped"
-        if launch.sshd_pid(cgroup, folder) is None:
+        if listening.recorded(cgroup, folder) is None:
             return "stopped"
         return "created" if self.files.gated(record.spec.key) else "running"
 
@@ -164,13 +165,13 @@ class UdockerBackend:
     # --- the life of a session -------------------------------------------------------------
 
     def prepare(self, spec: SessionSpec, ready_timeout: float = 30) -> Session:
-        existing = self.session(spec.key)
+        existing = self._listen_again(spec.key, ready_timeout)
         if existing is not None and existing.state in ("created", "running"):
             return existing
         return self._make(spec, ready_timeout)
 
     def start(self, spec: SessionSpec, ready_timeout: float = 30) -> Session:
-        existing = self.session(spec.key)
+        existing = self._listen_again(spec.key, ready_timeout)
         if existing is None or existing.state == "stopped":
             existing = self._make(spec, ready_timeout)
         if existing.state == "running":
@@ -224,11 +225,7 @@ class UdockerBackend:
             write_file(folder / "authorized_keys", "")
             host_key = self.records.host_key(key, account)
             config_file = folder / "sshd_config"
-            address = self.host.bind_address or "0.0.0.0"
-            write_file(
-                config_file,
-                launch.sshd_config(spec.ssh_port, address, spec.user, folder, files, host_key),
-            )
+            write_file(config_file, launch.sshd_config(spec.user, folder, files, host_key))
             tools.ensure_repository(self.config, account)
             make_container(self.config, account, name, container, key)
             cgroup = self.cgroup(key)
@@ -242,20 +239,7 @@ class UdockerBackend:
             )
             init = launch.container_init(cgroup, account.uid)
             write_file(folder / "container.pid", f"{init}\n")
-            launch.spawn(
-                cgroup,
-                account,
-                ["/usr/sbin/sshd", "-D", "-e", "-f", str(config_file)],
-                {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "LANG": "C.UTF-8"},
-                folder / "sshd.log",
-            )
-            probe = "127.0.0.1" if address in ("0.0.0.0", "") else address
-            launch.wait_for(
-                f"sshd on port {spec.ssh_port}",
-                lambda: launch.ssh_answers(probe, spec.ssh_port),
-                deadline,
-            )
-            write_file(folder / "sshd.pid", f"{launch.find_listener(cgroup)}\n")
+            self._listen(record, deadline)
         except SessionError as error:
             logs = self.records.log_tail(key)
             self._end(key, finish=False)
@@ -265,6 +249,28 @@ class UdockerBackend:
             key, spec.user, account.uid, spec.template, list(spec.gpus), spec.ssh_port,
         )  # fmt: skip
         return self._session(record, "created")
+
+    def _listen(self, record: Record, deadline: float) -> None:
+        folder, address = self.records.folder(record.spec.key), self.host.bind_address
+        listening.start(self.cgroup(record.spec.key), record, folder, address, deadline)
+
+    def _listen_again(self, key: str, ready_timeout: float) -> Session | None:
+        """The session; one whose container runs but whose listener is gone gets a new
+        listener and keeps the user's processes (else it stays "stopped", to be made again)."""
+        existing = self.session(key)
+        record = self.records.read(key)
+        if existing is None or existing.state != "stopped" or record is None:
+            return existing
+        cgroup, folder = self.cgroup(key), self.records.folder(key)
+        if launch.init_pid(cgroup, folder) is None:
+            return existing
+        try:
+            self._listen(record, time.monotonic() + max(ready_timeout, 10))
+        except SessionError as error:
+            log.warning("%s: no listener on port %d: %s", key, record.spec.ssh_port, error)
+            return existing
+        log.warning("%s: its port had no listener; one listens again", key)
+        return self._session(record)
 
     def _start_container(
         self,
@@ -304,13 +310,14 @@ class UdockerBackend:
         cgroup = self.cgroup(key)
         if record is not None and grace > timedelta(0) and cgroup.exists():
             folder = self.records.folder(key)
-            spared = launch.machinery(cgroup, folder)
+            listener = listening.recorded(cgroup, folder)
+            spared = launch.machinery(cgroup, folder, listener)
             targets = [pid for pid in cgroup.members() if pid not in spared]
             sent = cgroup.signal(targets, signal.SIGTERM)
             log.info("%s: SIGTERM sent to %d processes; waiting up to %s", key, sent, grace)
             deadline = time.monotonic() + grace.total_seconds()
             while time.monotonic() < deadline:
-                left = set(cgroup.members()) - launch.machinery(cgroup, folder)
+                left = set(cgroup.members()) - launch.machinery(cgroup, folder, listener)
                 if not left:
                     break
                 time.sleep(launch.POLL * 2)

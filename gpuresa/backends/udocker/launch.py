@@ -4,9 +4,10 @@ Each process is started by a root shell that first writes its own pid into
 every `cgroup.procs` of the session (so everything it becomes or forks is
 counted there) and then becomes the user with `setpriv`; `setsid -f` detaches
 it, so sessions outlive the daemon. Two such processes per session: the
-container (`udocker run`, then runc, then `session.sh`) and the user's own
-sshd on the session's port (no privilege separation: it runs as the user,
-whom it alone lets in), whose ForceCommand enters the container.
+container (`udocker run`, then runc, then `session.sh`), as the user, and the
+listener on the session's port (`listening`), root's, which runs the user's own
+sshd for each connection (no privilege separation: it runs as the user, whom it
+alone lets in), whose ForceCommand enters the container.
 """
 
 from __future__ import annotations
@@ -29,14 +30,17 @@ POLL = 0.05
 
 def spawn(
     cgroup: SessionCgroup,
-    account: Account,
+    account: Account | None,
     command: Sequence[str],
     env: Mapping[str, str],
     log_file: Path,
+    pass_fds: Sequence[int] = (),
 ) -> None:
-    """Start `command` as `account` in `cgroup`, detached; its output appended to `log_file`."""
+    """Start `command` as `account` (None: as root) in `cgroup`, detached, with the
+    descriptors `pass_fds`; its output appended to `log_file`."""
     joins = " ".join(f"echo $$ > {shlex.quote(str(path))} &&" for path in cgroup.procs_files())
-    inner = f"{joins} exec {shlex.join(as_user(account, command))}"
+    run = command if account is None else as_user(account, command)
+    inner = f"{joins} exec {shlex.join(run)}"
     with log_file.open("ab") as output:
         os.chmod(log_file, 0o644)
         result = subprocess.run(
@@ -48,6 +52,7 @@ def spawn(
             cwd="/",
             timeout=30,
             check=False,
+            pass_fds=tuple(pass_fds),
         )
     if result.returncode != 0:
         raise SessionError(f"cannot start {command[0]} in the session's cgroup")
@@ -68,34 +73,17 @@ def container_init(cgroup: SessionCgroup, uid: int) -> int | None:
     return None
 
 
-def find_listener(cgroup: SessionCgroup) -> int | None:
-    """The session's sshd listener just after its start: an sshd whose parent is no sshd."""
-    for pid in cgroup.members():
-        if _comm(pid) == "sshd":
-            parent = _parent(pid)
-            if parent is None or _comm(parent) != "sshd":
-                return pid
-    return None
-
-
-def sshd_pid(cgroup: SessionCgroup, folder: Path) -> int | None:
-    """The session's sshd listener as recorded at its start (`sshd.pid`), if it still runs."""
-    return _recorded(cgroup, folder / "sshd.pid", "sshd")
-
-
 def init_pid(cgroup: SessionCgroup, folder: Path) -> int | None:
     """The container's first process as recorded at its start (`container.pid`), if it runs."""
-    return _recorded(cgroup, folder / "container.pid", None)
+    return _recorded(cgroup, folder / "container.pid")
 
 
-def _recorded(cgroup: SessionCgroup, path: Path, comm: str | None) -> int | None:
+def _recorded(cgroup: SessionCgroup, path: Path) -> int | None:
     try:
         pid = int(path.read_text().strip())
     except (OSError, ValueError):
         return None
-    if pid not in cgroup.members() or (comm is not None and _comm(pid) != comm):
-        return None
-    return pid
+    return pid if pid in cgroup.members() else None
 
 
 def _parent(pid: int) -> int | None:
@@ -106,15 +94,9 @@ def _parent(pid: int) -> int | None:
     return int(text.rsplit(")", 1)[1].split()[1])
 
 
-def _comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
-
-
-def machinery(cgroup: SessionCgroup, folder: Path) -> set[int]:
-    """The pids that make the session up (udocker, runc, the container's first process, sshd).
+def machinery(cgroup: SessionCgroup, folder: Path, listener: int | None) -> set[int]:
+    """The pids that make the session up (udocker, runc, the container's first process, and
+    the `listener` on its port).
 
     What a stop's SIGTERM spares: the user's own processes are all the others.
     """
@@ -123,27 +105,23 @@ def machinery(cgroup: SessionCgroup, folder: Path) -> set[int]:
     while pid is not None and pid in set(cgroup.members()):
         spared.add(pid)
         pid = _parent(pid)
-    listener = sshd_pid(cgroup, folder)
     if listener is not None:
         spared.add(listener)
     return spared
 
 
 def sshd_config(
-    port: int,
-    address: str,
     login: str,
     folder: Path,
     files: Path,
     host_key: Path,
 ) -> str:
-    """The session's sshd configuration: the user's keys only, into the container only."""
+    """The configuration of the session's `sshd -i`: the user's keys only, into the container
+    only (the port is the listener's)."""
     enter = SCRIPTS / "enter.sh"
     return "\n".join(
         [
-            "# gpuresa udocker session: sshd run by the user, for the user",
-            f"Port {port}",
-            f"ListenAddress {address}",
+            "# gpuresa udocker session: sshd -i run by the user, for the user",
             f"HostKey {host_key}",
             "PidFile none",
             f"AuthorizedKeysFile {folder / 'authorized_keys'}",

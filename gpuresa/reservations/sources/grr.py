@@ -18,9 +18,10 @@ after it), and only the rooms of the calendar's `rooms`:
    rows with their beneficiary's account, each row made a calendar object
    by `gpuresa.reservations.sources.grr_rows`.
 
-A database that cannot be reached, refuses the account, hangs past the
-timeouts or lacks a configured room raises `SourceError` and leaves the last
-good snapshot as it was, like a calendar server's outage.
+A database that cannot be reached, refuses the account, does not answer
+within `POLL_DEADLINE` (connection and queries together, see
+`grr_connection`) or lacks a configured room raises `SourceError` and leaves
+the last good snapshot as it was, like a calendar server's outage.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import socket
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
@@ -36,8 +38,8 @@ from typing import Any
 
 from gpuresa.config.calendar_sections import CalendarConfig
 from gpuresa.errors import UserError
-from gpuresa.reservations.sources import PollResult, SourceError, one_line
-from gpuresa.reservations.sources.grr_connection import connect, describe
+from gpuresa.reservations.sources import PollResult, SourceError, grr_connection, one_line
+from gpuresa.reservations.sources.grr_connection import Deadline, connect, describe
 from gpuresa.reservations.sources.grr_rows import Entry, Room, entry_object
 from gpuresa.reservations.sources.snapshot import Snapshot, SnapshotStore, StoredObject
 
@@ -83,6 +85,7 @@ class GRRSource:
             self.store.load_success() if self.state.objects else None
         )
         self._connection: Any = None
+        self._socket: socket.socket | None = None
         self._room_ids: tuple[int, ...] = ()
         self._last_full = float("-inf")
         self.queries = 0
@@ -103,8 +106,10 @@ class GRRSource:
         start, end = self.window or (now - self.window_past, now + self.window_ahead)
         bounds = (int(end.timestamp()), int(start.timestamp()), int(start.timestamp()))
         self.queries = 0
+        deadline = Deadline(grr_connection.POLL_DEADLINE)
         try:
-            changed, received = self._poll(bounds)
+            with deadline:
+                changed, received = self._poll(bounds, deadline)
         except SourceError:
             self._close()
             raise
@@ -113,9 +118,13 @@ class GRRSource:
         except (pymysql.MySQLError, OSError) as error:
             self._close()
             log.debug("calendar %s: poll failed", self.name, exc_info=True)
+            why = (
+                f"no answer within {deadline.seconds:g}s (connection and queries together)"
+                if deadline.expired
+                else one_line(error)
+            )
             raise SourceError(
-                f"calendar {self.name}: cannot read the GRR database {self.where}: "
-                f"{one_line(error)}"
+                f"calendar {self.name}: cannot read the GRR database {self.where}: {why}"
             ) from None
         self.last_success = now
         self.store.save_success(now)
@@ -123,10 +132,12 @@ class GRRSource:
 
     # --- one poll ------------------------------------------------------------------------
 
-    def _poll(self, bounds: tuple[int, int, int]) -> tuple[bool, int]:
+    def _poll(self, bounds: tuple[int, int, int], deadline: Deadline) -> tuple[bool, int]:
         """(whether the objects changed, bytes of rows received)."""
-        if self._connection is None:
-            self._connection = connect(self.calendar)
+        if self._connection is None or self._socket is None:
+            self._connection, self._socket = connect(self.calendar, deadline)
+        else:
+            deadline.watch(self._socket)
         cursor = self._connection.cursor()
         try:
             due = time.monotonic() - self._last_full >= FULL_READ_EVERY.total_seconds()
@@ -232,6 +243,7 @@ class GRRSource:
             except Exception:  # already broken: nothing to say
                 log.debug("calendar %s: closing the connection failed", self.name)
             self._connection = None
+            self._socket = None
 
 
 def _string(value: object) -> str:

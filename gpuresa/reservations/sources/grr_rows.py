@@ -11,8 +11,10 @@ small iCalendar object per booking (`entry-<id>.ics`), which
   guessed);
 - SUMMARY the login: the GRR account the booking is for (`beneficiaire`,
   as `grr_utilisateurs` spells it, in lower case: GRR writes logins in upper
-  case); ORGANIZER that account's e-mail address, so `user_from =
-  "organizer"` and `email_logins` work as for calendars, and notices go there;
+  case), and X-GPURESA-SUMMARY saying so, so that a refusal names GRR's
+  field rather than a title (GRR's short description, `name`, is not read);
+  ORGANIZER that account's e-mail address, so `user_from = "organizer"` and
+  `email_logins` work as for calendars, and notices go there;
 - LOCATION the host the calendar's `rooms` maps the row's room to;
 - DESCRIPTION GRR's description, where `template:`, `cuda:` and `gpus:`
   lines are read as in any event;
@@ -85,6 +87,8 @@ def entry_object(entry: Entry, room: Room, host: str, prefix: str) -> tuple[str,
     login = (entry.account or entry.beneficiary).strip().lower()
     if login:
         lines.append(f"SUMMARY:{_text(login)}")
+    # refusals then speak of the beneficiary, as GRR's admins know it, not of a title
+    lines.append("X-GPURESA-SUMMARY:grr-beneficiary")
     email = (entry.account_email or "").strip()
     if entry.account is not None and len(email) <= 254 and _EMAIL.fullmatch(email):
         lines.append(f"ORGANIZER:mailto:{email}")

@@ -1,0 +1,98 @@
+"""`gpuresa host release [--all]`: let go of what gpuresa holds in the host's kernel."""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import logging
+from pathlib import Path
+
+from gpuresa.backends.factory import open_backend
+from gpuresa.backends.protocol import SessionBackend
+from gpuresa.commands.template_commands import docker_errors
+from gpuresa.config.reading import load_config
+from gpuresa.config.sections import Config
+from gpuresa.errors import UserError
+from gpuresa.inert import echo
+from gpuresa.outputs.handover import retry_pending
+from gpuresa.outputs.service import OutputService
+from gpuresa.runtime.host_holds import Holding, release
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser("host", help="what gpuresa holds on this host")
+    actions = parser.add_subparsers(dest="host_command", metavar="ACTION", required=True)
+    releasing = actions.add_parser(
+        "release",
+        help="unmount and detach what no running session needs (--all: stop everything first)",
+    )
+    releasing.add_argument(
+        "--all",
+        action="store_true",
+        help="stop every session and the output service first, then release everything",
+    )
+    releasing.set_defaults(handler=release_command)
+
+
+def release_command(arguments: argparse.Namespace) -> int:
+    config = load_config(arguments.config)
+    _refuse_beside_the_daemon(config)
+    backend = open_backend(config)
+    with docker_errors():
+        stopped, kept, released = release_host(config, backend, everything=arguments.all)
+    for key in stopped:
+        echo(f"stopped session {key}")
+    for holding in released:
+        echo(f"released {holding}")
+    for holding in kept:
+        reason = "in use" if holding.kind != "mount" or holding.key is None else "its session runs"
+        echo(f"kept {holding} ({reason})")
+    if not (stopped or released or kept):
+        echo("nothing to release")
+    return 0
+
+
+def release_host(
+    config: Config, backend: SessionBackend, *, everything: bool
+) -> tuple[list[str], list[Holding], list[Holding]]:
+    """Release what no running session needs; with `everything`, stop them all first.
+
+    Every session is stopped with the configured grace (its output handed
+    over), the output service removed, outputs left in the running area
+    handed over, then every mount of the area and every loop device
+    released. Returns (the keys stopped, what is kept, what is released).
+    """
+    stopped = []
+    if everything:
+        for session in backend.list_sessions():
+            backend.stop(session.key, config.daemon.stop_grace)
+            stopped.append(session.key)
+        OutputService(config, backend).remove()
+        retry_pending(config, (), _report)
+        running: list[str] = []
+    else:
+        running = [session.key for session in backend.list_sessions()]
+    kept, released = release(config, running, everything=everything)
+    return stopped, kept, released
+
+
+def _report(key: str, problem: str) -> None:
+    log.error("%s: output not handed over: %s", key, problem)
+
+
+def _refuse_beside_the_daemon(config: Config) -> None:
+    """Raise `UserError` while a daemon holds the state folder: it would start sessions again
+    and mount what this command unmounts."""
+    lock = Path(config.daemon.state_dir) / "daemon.lock"
+    if not lock.exists():
+        return
+    with lock.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(
+                f"a gpuresa daemon runs with {config.daemon.state_dir}; stop it first "
+                "(systemctl stop gpuresa), then run `gpuresa host release` again"
+            ) from None
