@@ -519,12 +519,15 @@ def _no_inherited_config(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(autouse=True)
 def _running_areas_unmounted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Sessions bind each output root's `.running` onto itself: unmount the test's after it."""
+    """Sessions mount a running area in each state folder (`output_area`), which a test
+    that starts sessions without a daemon leaves: unmount the test's after it."""
+    from gpuresa.runtime.output_area import RUNNING_FOLDER
+
     yield
     base = str(tmp_path_factory.getbasetemp())
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         point = line.split()[4].replace("\\040", " ")
-        if point.startswith(base) and point.endswith("/.running"):
+        if point.startswith(base) and point.endswith(f"/{RUNNING_FOLDER}"):
             subprocess.run(["umount", "-l", point], check=False, capture_output=True)
 
 

@@ -112,7 +112,11 @@ def test_two_processes_of_four_threads_make_one_area_mount(config: Config, tmp_p
         from pathlib import Path
         from gpuresa.config.reading import parse_config
         from gpuresa.runtime.output_area import ensure_area
-        config = parse_config({{"storage": {{"output_root": "{tmp_path / "output"}"}}}}, "t.toml")
+        config = parse_config(
+            {{"storage": {{"output_root": "{tmp_path / "output"}"}},
+             "daemon": {{"state_dir": "{tmp_path}"}}}},
+            "t.toml",
+        )
         while not Path("{go}").exists():
             time.sleep(0.001)
         threads = [threading.Thread(target=ensure_area, args=(config,)) for _ in range(4)]

@@ -136,6 +136,16 @@ def listener_of(backend: UdockerBackend, key: str) -> int | None:
     return listening.recorded(backend.cgroup(key), backend.records.folder(key))
 
 
+def members_running(backend: UdockerBackend, key: str, command: bytes) -> list[int]:
+    """The session's processes whose command line is `command` (NUL-separated)."""
+    found = []
+    for pid in backend.cgroup(key).members():
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{pid}/cmdline").read_bytes() == command:
+                found.append(pid)
+    return found
+
+
 def kill_listener(backend: UdockerBackend, key: str) -> None:
     """SIGKILL the session's listener (as a crash would) and wait for its end."""
     listener = listener_of(backend, key)
@@ -242,14 +252,9 @@ def test_a_squatter_on_the_port_is_never_taken_for_the_session(site: Site) -> No
     assert session.state == "running"
     code, text = site.run(session, "setsid sleep 1000 </dev/null >/dev/null 2>&1 & echo left")
     assert code == 0, text
-    sleepers = [
-        pid for pid in backend.cgroup(spec.key).members()
-        if Path(f"/proc/{pid}/cmdline").read_bytes() == b"sleep\x001000\x00"
-    ]  # fmt: skip
-    assert len(sleepers) == 1, [
-        Path(f"/proc/{pid}/cmdline").read_bytes() for pid in backend.cgroup(spec.key).members()
-    ]
-    sleeper = sleepers[0]
+    command = b"sleep\x001000\x00"
+    wait_until(lambda: members_running(backend, spec.key, command))
+    [sleeper] = members_running(backend, spec.key, command)
     # the listener dies (root's: only a crash or root ends it): the session is "stopped",
     # and its next start listens again, the login's processes left as they were
     kill_listener(backend, spec.key)

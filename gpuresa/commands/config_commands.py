@@ -55,10 +55,11 @@ def validate_command(arguments: argparse.Namespace) -> int:
     for host in config.hosts:
         print(f"host {host.name}: isolation: {ISOLATION[host.engine]}")
     # what is valid but will not work as meant on this machine (ports, the output disk)
+    from gpuresa.config.pid_budget import pids_warnings
     from gpuresa.outputs.disk import disk_warnings
     from gpuresa.runtime.port_safety import port_warnings
 
-    for warning in [*port_warnings(config), *disk_warnings(config)]:
+    for warning in [*port_warnings(config), *disk_warnings(config), *pids_warnings(config)]:
         print(f"warning: {warning}")
     for name, lines in _effective_limits(config).items():
         print(f"limits per session on {name}: " + "; ".join(f"{k}: {v}" for k, v in lines.items()))

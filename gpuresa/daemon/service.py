@@ -26,6 +26,7 @@ from zoneinfo import ZoneInfo
 
 from gpuresa import systemd
 from gpuresa.backends.protocol import SessionBackend
+from gpuresa.config.pid_budget import pids_warnings
 from gpuresa.config.reading import load_config
 from gpuresa.config.sections import Config
 from gpuresa.daemon.loop import Loop
@@ -145,7 +146,12 @@ class Daemon:
                 f"{problem}\n\nThe daemon goes on with a new journal and rebuilds what runs "
                 "from Docker's labels. Past history is in the file set aside.\n",
             )
-        for warning in [*port_warnings(self.config), *disk_warnings(self.config)]:
+        warnings = [
+            *port_warnings(self.config),
+            *disk_warnings(self.config),
+            *pids_warnings(self.config),
+        ]
+        for warning in warnings:
             log.warning("%s", warning)
         self.sampler = Sampler(UsageStore(state_dir / USAGE_FILE), self._telemetry, self._inspector)
         self.loop = Loop(context, on_start=self._on_start, sampler=self.sampler)

@@ -36,7 +36,6 @@ from pathlib import Path
 from gpuresa.config.sections import Config
 from gpuresa.outputs.disk import free_bytes, gibibytes, measure, mount_of, quota_problem
 from gpuresa.runtime.errors import SessionError
-from gpuresa.runtime.host_holds import unmount_elsewhere
 from gpuresa.runtime.labels import safe_key
 from gpuresa.runtime.output_area import in_host_namespace, store
 
@@ -191,16 +190,16 @@ def cap_output(config: Config, key: str, folder: Path, booked_gpus: int, host_gp
         limit = session_cap(config, booked_gpus, host_gpus)
     except OSError as error:
         raise SessionError(f"session {key}: the output disk cannot be measured: {error}") from None
-    if limit is None:
-        return
-    mount = mount_of(folder)
-    if quota_problem(mount) is None:
-        try:
-            set_session_quota(folder, limit, mount)
-            return
-        except OSError as error:
-            log.warning("%s: project quota refused (%s); using an image instead", key, error)
-    mount_capped(config, key, folder, limit)
+    if limit is not None:
+        mount = mount_of(folder)
+        if quota_problem(mount) is None:
+            try:
+                set_session_quota(folder, limit, mount)
+                limit = None
+            except OSError as error:
+                log.warning("%s: project quota refused (%s); using an image instead", key, error)
+    if limit is not None:
+        mount_capped(config, key, folder, limit)
 
 
 def release_capped(config: Config, key: str, running: Path, stored: Path) -> None:
@@ -212,18 +211,13 @@ def release_capped(config: Config, key: str, running: Path, stored: Path) -> Non
     mount or unmount fails: the image stays, and the hand-over is retried.
     """
     image = image_path(config, key)
-    if not image.is_file():
-        return
-    # a mount at the running path shows in the store too (one filesystem, shared
-    # peers): both go before the copy, which then reads a private mount of its own
+    # the image's mount at the running path, and one shown at the store's path (shared
+    # peers), go first: a mount point cannot be renamed, and the copy reads a private mount
     for point in (running, stored):
         while os.path.ismount(point):
             _run("umount", str(point))
-    # and its copies in containers made meanwhile (the output service's): each would keep
-    # the image's loop device, and its blocks, for as long as that container lives
-    detached = unmount_elsewhere(image.resolve())
-    if detached:
-        log.info("%s: its image's copies in other namespaces detached: %s", key, detached)
+    if not image.is_file():
+        return
     reader = store(config) / f".{safe_key(key)}.copy"
     reader.mkdir(mode=0o700, exist_ok=True)
     stored.mkdir(mode=0o700, exist_ok=True)

@@ -12,6 +12,7 @@ from typing import Any
 
 from gpuresa.config.sections import Config
 from gpuresa.outputs.owners import Owner
+from gpuresa.runtime.create_payloads import LOG_CONFIG
 
 OUTPUTS_ROLE = "outputs"
 PAYLOAD_LABEL = "gpuresa.payload-hash"
@@ -96,6 +97,8 @@ def service_payload(
             "Privileged": False,
             "Init": True,
             "RestartPolicy": {"Name": "unless-stopped"},
+            # failed logins are logged: its log is capped as the sessions' are
+            "LogConfig": LOG_CONFIG,
             "PidsLimit": PIDS_LIMIT,
             "Memory": MEMORY_BYTES,
         },

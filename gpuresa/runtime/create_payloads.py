@@ -49,6 +49,17 @@ MAIN_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUI
 # vsftpd: CHOWN (groupadd at start), SETUID/SETGID (drop to the login), SYS_CHROOT.
 FTP_CAPABILITIES = ("CHOWN", "SETGID", "SETUID", "SYS_CHROOT")
 FTP_PIDS_LIMIT = 128
+# What the engine keeps of a container's stdout and stderr, on its own disk and outside
+# every quota: root in a session writes to /proc/1/fd/1 at will. Docker keeps two files
+# of 10 MB at most (the current one and one rotated); Podman takes its "json-file" as
+# its own k8s-file, honours max-size (conmon empties the file when it is reached) and
+# ignores max-file. Enough for the last lines a failed start is told by (`readiness`).
+LOG_MAX_SIZE = "10m"
+LOG_MAX_FILES = 2
+LOG_CONFIG: dict[str, Any] = {
+    "Type": "json-file",
+    "Config": {"max-size": LOG_MAX_SIZE, "max-file": str(LOG_MAX_FILES)},
+}
 
 
 # --- GPUs ------------------------------------------------------------------------------
@@ -238,6 +249,7 @@ def main_payload(
         "Privileged": False,
         "Init": True,
         "RestartPolicy": {"Name": "no"},
+        "LogConfig": LOG_CONFIG,
         **(
             _limits(config.limits)
             if main.limits is None
@@ -344,6 +356,7 @@ def ftp_payload(
             "Privileged": False,
             "Init": True,
             "RestartPolicy": {"Name": "no"},
+            "LogConfig": LOG_CONFIG,
             "PidsLimit": FTP_PIDS_LIMIT,
             **ftp_limit_settings(),
             **(engine_settings or {}),

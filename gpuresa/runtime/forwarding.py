@@ -10,7 +10,8 @@ session "does not answer". Before a session's ports are published, the rules
 that would send one of them to a container the engine no longer has are
 removed here, and each is logged once.
 
-This is the one module that runs iptables. It uses the `iptables` (and, for an
+Every iptables command of gpuresa goes through `netfilter` here (the
+sessions' firewall, `firewall`, too). It uses the `iptables` (and, for an
 IPv6 bind address, `ip6tables`) on the PATH: the same tools, and so the same
 netfilter backend (nf_tables or legacy), that netavark's iptables driver runs.
 Docker needs none of this: dockerd rebuilds its own chains when it starts
@@ -25,7 +26,7 @@ import re
 import shlex
 import subprocess
 import threading
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -120,8 +121,12 @@ def remove_stale_forwarding(
     return removed
 
 
-def _run(tool: str, arguments: list[str], key: str) -> str | None:
-    """`tool arguments` (waiting for the xtables lock); its output, or None when it failed."""
+def netfilter(tool: str, arguments: Sequence[str]) -> tuple[bool, str]:
+    """Run `tool arguments` (`iptables` or `ip6tables`, waiting for the xtables lock).
+
+    Returns (True, its output) or (False, why it failed: not there, not
+    permitted, a rule that does not exist...). Never raises.
+    """
     try:
         result = subprocess.run(
             [tool, "-w", str(TIMEOUT), *arguments],
@@ -131,17 +136,24 @@ def _run(tool: str, arguments: list[str], key: str) -> str | None:
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as error:
-        _tell_once(tool, f"{key}: cannot run {tool} to check the port forwarding: {error}")
-        return None
+        return False, f"cannot run {tool}: {error}"
     if result.returncode != 0:
-        reason = result.stderr.strip() or f"exit status {result.returncode}"
+        return False, result.stderr.strip() or f"{tool}: exit status {result.returncode}"
+    return True, result.stdout
+
+
+def _run(tool: str, arguments: list[str], key: str) -> str | None:
+    """`tool arguments` (waiting for the xtables lock); its output, or None when it failed."""
+    done, output = netfilter(tool, arguments)
+    if not done:
+        reason = output
         if arguments[2] == "-D":
             # gone meanwhile (the engine removed it itself): nothing left to do
             log.debug("%s: %s %s: %s", key, tool, shlex.join(arguments), reason)
         else:
             _tell_once(tool, f"{key}: cannot read the port forwarding with {tool}: {reason}")
         return None
-    return result.stdout
+    return output
 
 
 def _tell_once(tool: str, message: str) -> None:

@@ -5,8 +5,8 @@ folders show: the running area's mount (`output_area`), each capped output's
 image mounted through a loop device (`outputs.capped`), each capped writable
 layer's loop device (`layers`), and the network namespaces Podman keeps under
 /run/netns. A session that ends takes its own with it; what is left when no
-running session needs it keeps an output root busy (it cannot be removed,
-`EBUSY`), a loop device taken and, for an image, its blocks promised.
+running session needs it keeps its folder busy (it cannot be removed,
+`EBUSY`), a loop device taken and, for an image, its blocks held.
 
 `holdings` lists them; `release` lets go of those no running session needs:
 the daemon calls it when it stops, `gpuresa host release --all` after
@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -36,7 +35,6 @@ from gpuresa.runtime.output_area import (
     mount_points,
     release_area,
     store,
-    unescape,
     unmount,
 )
 
@@ -126,8 +124,6 @@ def _let_go(config: Config, holding: Holding) -> None:
             while point in mount_points(Path("/proc/self/mountinfo").read_text()):
                 unmount(point)
     elif holding.kind == "loop":
-        if holding.key is not None:
-            unmount_elsewhere(store(config).resolve() / f"{holding.key}.img")
         _run("losetup", "-d", holding.what)
     else:
         entry = NETNS_FOLDER / holding.what
@@ -232,76 +228,3 @@ def release_unneeded(config: Config, running: Collection[str] | None) -> list[Ho
         )
         log.info("kept on the host (%s): %s", whom, ", ".join(map(str, kept)))
     return kept
-
-
-# a helper run as its own process: setns() into a mount namespace needs a single thread
-_DETACH_IN = """
-import ctypes, os, sys
-libc = ctypes.CDLL(None, use_errno=True)
-descriptor = os.open(sys.argv[1], os.O_RDONLY)
-if libc.setns(descriptor, 0x00020000) != 0:  # CLONE_NEWNS
-    sys.exit(f"setns: {os.strerror(ctypes.get_errno())}")
-for point in sys.argv[2:]:
-    libc.umount2(point.encode(), 2 | 8)  # MNT_DETACH | UMOUNT_NOFOLLOW
-"""
-
-
-def unmount_elsewhere(backing: Path) -> list[str]:
-    """Detach every mount of the loop devices backed by `backing` in other mount namespaces.
-
-    A container made while an output image was mounted below a folder it binds
-    recursively (the output service binds the whole output root) keeps a copy
-    of that mount in its namespace, and with it the loop device, after the
-    host unmounted it. Only the mounts of that device are detached there, by a
-    helper that enters the namespace and runs nothing of the container's.
-    Returns "pid:point" for each one detached.
-    """
-    numbers = {f"{os.major(device)}:{os.minor(device)}" for device in _devices_of(backing)}
-    if not numbers:
-        return []
-    own = os.stat("/proc/self/ns/mnt").st_ino
-    seen = {own}
-    detached = []
-    for process in Path("/proc").iterdir():
-        if not process.name.isdigit():
-            continue
-        try:
-            namespace = os.stat(process / "ns" / "mnt").st_ino
-            if namespace in seen:
-                continue
-            seen.add(namespace)
-            lines = (process / "mountinfo").read_text().splitlines()
-        except OSError:
-            continue
-        fields = [line.split() for line in lines]
-        found = {unescape(field[4]) for field in fields if len(field) > 4 and field[2] in numbers}
-        points = sorted(found, key=lambda point: -point.count("/"))
-        if not points:
-            continue
-        result = subprocess.run(
-            [sys.executable, "-c", _DETACH_IN, str(process / "ns" / "mnt"), *points],
-            capture_output=True, text=True, timeout=COMMAND_TIMEOUT,
-        )  # fmt: skip
-        if result.returncode == 0:
-            detached += [f"{process.name}:{point}" for point in points]
-        else:
-            log.warning("cannot detach %s in pid %s's namespace: %s", points, process.name,
-                        result.stderr.strip())  # fmt: skip
-    return detached
-
-
-def _devices_of(backing: Path) -> list[int]:
-    """The device numbers of the loop devices backed by `backing` (deleted or not)."""
-    try:
-        text = subprocess.run(
-            ["losetup", "-J"], capture_output=True, text=True, timeout=COMMAND_TIMEOUT
-        ).stdout
-        devices = json.loads(text or "{}").get("loopdevices", [])
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return []
-    found = []
-    for device in devices:
-        if Path(str(device.get("back-file") or "").removesuffix(DELETED)) == backing:
-            with contextlib.suppress(OSError):
-                found.append(os.stat(str(device["name"])).st_rdev)
-    return found

@@ -22,6 +22,7 @@ from gpuresa.runtime.create_payloads import passive_address
 from gpuresa.runtime.engine import Engine, EngineRefused
 from gpuresa.runtime.engines import EngineKind, engine_kind
 from gpuresa.runtime.errors import RuntimeUnavailable, SessionError
+from gpuresa.runtime.firewall import unguard
 from gpuresa.runtime.gpus import HostGpus
 from gpuresa.runtime.identity import installation_label
 from gpuresa.runtime.images import Images
@@ -235,6 +236,8 @@ class HostSessions:
         }
         for network in names:
             self.engine.remove_network(network, key)
+        # once the network is gone (a rule left meanwhile only closes an unused subnet)
+        unguard(self.installation, session_name(host, key), key)
 
     def renew_host_certificate(self, key: str, start: datetime, end: datetime) -> None:
         """Sign the session's host key again up to its new end (sshd reads it per connection)."""

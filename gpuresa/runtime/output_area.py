@@ -4,24 +4,32 @@ While a session runs, its output is written by the container's root, which
 on Docker is one host uid shared by every session. Anything that session
 leaves in its output (a set-uid copy of a shell, a file with capabilities, a
 folder opened to everyone) must reach nobody on the host. So a running output
-is not in its final place but in `<output_root>/.running/<safe key>`:
+is not in its final place but in `<output_root>/.running-store/<safe key>`,
+which its containers bind from the running area, `<state_dir>/running-outputs/<safe key>`:
 
-- `.running` is root's, mode 0700: no host account reaches a running output,
-  whatever modes the session gives its own files;
-- `.running` is a mount of its own (a bind of `.running-store`, the real
-  folder, also root's and 0700) with nosuid and nodev,
-  and every bind mount of a folder below it (the session's main container and
-  FTP sidecar) inherits both flags, which a user namespace cannot clear: a
-  set-uid file or a device node made there does nothing, in the session or out;
+- `.running-store` and the area are root's, mode 0700: no host account
+  reaches a running output, whatever modes the session gives its own files;
+- the area is a mount of its own (a bind of `.running-store`) with nosuid and
+  nodev, and every bind mount of a folder below it (the session's main
+  container and FTP sidecar) inherits both flags, which a user namespace
+  cannot clear: a set-uid file or a device node made there does nothing, in
+  the session or out;
+- the area is outside the output root: a container that binds the whole
+  output root (the output service) would otherwise get a copy of the area and
+  of each session's output image mounted in it (`outputs.capped`), and such a
+  copy, in a user namespace, cannot be unmounted while its container lives:
+  every ended session's image, its loop device and its blocks would stay;
+- the area is mounted once, however many sessions are prepared at once: the
+  check and the mount are made under a lock (`area_lock`);
 - next to each folder, `<safe key>.json` (root's, never mounted) says where the
   output goes at the end and whose it is, so a hand-over that failed, or that a
   daemon restart or a host reboot interrupted, is finished later.
 
 At the end the tree is handed over in place (see `gpuresa.outputs.tree`:
 made root's and read-only, privilege bits and capabilities cleared, at any
-depth) and only then renamed to its final path through `.running-store`: a rename across
-two mounts fails (EXDEV) even on one filesystem, so it never goes through
-the `.running` mount.
+depth) and only then renamed to its final path through `.running-store`: a
+rename across two mounts fails (EXDEV) even on one filesystem, so it never
+goes through the area's mount.
 """
 
 from __future__ import annotations
@@ -46,7 +54,8 @@ from gpuresa.runtime.labels import safe_key
 
 log = logging.getLogger(__name__)
 
-RUNNING_FOLDER = ".running"
+# in the daemon's state folder, outside the output root (see above)
+RUNNING_FOLDER = "running-outputs"
 STORE_FOLDER = ".running-store"
 # in the store (root-only): held while the area is checked and mounted
 LOCK_FILE = ".area.lock"
@@ -78,8 +87,8 @@ class Pending:
 
 
 def area(config: Config) -> Path:
-    """`<output_root>/.running`: the root-only mount that holds running outputs."""
-    return config.storage.output_root / RUNNING_FOLDER
+    """`<state_dir>/running-outputs`: the root-only mount that shows running outputs."""
+    return config.daemon.state_dir / RUNNING_FOLDER
 
 
 def store(config: Config) -> Path:
@@ -128,7 +137,7 @@ def area_problem(path: Path) -> str | None:
 
 
 def ensure_area(config: Config) -> Path:
-    """Make `.running` root's, 0700, and a nosuid, nodev mount of its own; returns it.
+    """Make the running area root's, 0700, and a nosuid, nodev mount of its own; returns it.
 
     Idempotent: each start calls it, so a host reboot (which drops the mount)
     or an admin's chmod is repaired before any session's output is mounted.
@@ -141,6 +150,7 @@ def ensure_area(config: Config) -> Path:
     path = area(config)
     try:
         config.storage.output_root.mkdir(parents=True, exist_ok=True)
+        config.daemon.state_dir.mkdir(parents=True, exist_ok=True)
         for folder in (store(config), path):
             if folder.is_symlink():
                 raise SessionError(f"{folder} is a symbolic link; refusing to use it")

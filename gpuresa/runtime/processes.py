@@ -21,8 +21,9 @@ import itertools
 import logging
 import os
 import signal
+import stat
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +148,39 @@ def remaining(init_pid: int, folder: Path) -> set[int]:
 # --- the engine's keepers of a container's ports ------------------------------------------
 
 
+def engine_process(pid: int, program: str | None = None) -> bool:
+    """Whether process `pid` is one of the host's own services: root's, run from root's binary.
+
+    Its name proves nothing (any host user, and root in any session, names a
+    process as it likes); its uids and its executable do. Every uid (real,
+    effective, saved, filesystem) must be 0, and /proc/PID/exe must resolve to a
+    file owned by root that nobody else may write, named `program` when given.
+    Root in a session is never host uid 0 (user namespaces), and a host user
+    cannot become it. When the kernel will not show the executable (a daemon
+    without CAP_SYS_PTRACE reading a process with more capabilities than its
+    own, as conmon has), the ids alone decide: such a process is the host's.
+    """
+    entry = PROC / str(pid)
+    try:
+        status = (entry / "status").read_text()
+    except OSError:
+        return False
+    uids = next((line.split()[1:] for line in status.splitlines() if line.startswith("Uid:")), [])
+    if not uids or any(value != "0" for value in uids):
+        return False
+    try:
+        target = os.readlink(entry / "exe")
+        details = os.stat(entry / "exe")
+    except PermissionError:
+        return True
+    except OSError:
+        return False  # gone, or a kernel thread (no executable): nothing that holds ports
+    if details.st_uid != 0 or details.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return False
+    name = PurePosixPath(target.removesuffix(" (deleted)")).name
+    return program is None or name == program
+
+
 def port_keepers(container_ids: set[str]) -> dict[int, int]:
     """Podman's conmon processes of `container_ids`: pid to start time.
 
@@ -155,7 +189,9 @@ def port_keepers(container_ids: set[str]) -> dict[int, int]:
     it exits, a moment after the container is removed (after its exit
     command, a `podman container cleanup`, has run: seconds on a loaded
     host). Docker's containers have none (its docker-proxy goes with the
-    removal). Read from /proc: a conmon's `-c` argument is its container's id.
+    removal). Read from /proc: a conmon's `-c` argument is its container's id;
+    a process only counts when it is root's, run from root's conmon (see
+    `engine_process`): a host user's "conmon -c <id>" would hold up every stop.
     """
     keepers: dict[int, int] = {}
     for entry in PROC.iterdir():
@@ -169,9 +205,9 @@ def port_keepers(container_ids: set[str]) -> dict[int, int]:
             continue
         for flag, value in itertools.pairwise(arguments):
             if flag == b"-c" and value.decode(errors="replace") in container_ids:
-                stat = _stat(int(entry.name))
-                if stat is not None:
-                    keepers[int(entry.name)] = stat[1]
+                stat_fields = _stat(int(entry.name))
+                if stat_fields is not None and engine_process(int(entry.name), "conmon"):
+                    keepers[int(entry.name)] = stat_fields[1]
     return keepers
 
 
@@ -200,7 +236,9 @@ def listening_programs(ports: set[int]) -> dict[int, set[str]]:
 
     Read from /proc/net/tcp{,6} (a listener's socket inode) and every process's
     descriptors; a port whose listener belongs to no process seen here maps to
-    an empty set.
+    an empty set. A program that is not the host's own (see `engine_process`)
+    is named with its uid, "conmon (uid 1001)", so that a host user's program
+    named like an engine's is never taken for it.
     """
     inodes: dict[str, int] = {}
     for table in ("tcp", "tcp6"):
@@ -223,5 +261,17 @@ def listening_programs(ports: set[int]) -> dict[int, set[str]]:
                 with contextlib.suppress(OSError):
                     held = inodes.get(os.readlink(descriptor))
                     if held is not None:
-                        found[held].add((entry / "comm").read_text().strip())
+                        found[held].add(_program(entry))
     return found
+
+
+def _program(entry: Path) -> str:
+    """The name of the process at `entry` (/proc/PID), with its uid unless it is the host's."""
+    name = (entry / "comm").read_text().strip()
+    if engine_process(int(entry.name)):
+        return name
+    try:
+        uid = os.stat(entry).st_uid
+    except OSError:
+        return f"{name} (gone)"
+    return f"{name} (uid {uid})"

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from gpuresa.config.sections import Config, HostConfig
 from gpuresa.model import Session, SessionSpec
-from gpuresa.runtime import garbage, stopping
+from gpuresa.runtime import firewall, garbage, stopping
 from gpuresa.runtime.engines import EngineKind
 from gpuresa.runtime.errors import SessionError
 from gpuresa.runtime.host_sessions import HostSessions
@@ -355,19 +355,20 @@ class Runtime:
     def collect_garbage(
         self, busy: set[str], *, network_min_age: timedelta = NETWORK_MIN_AGE
     ) -> list[str]:
-        """Remove what no session uses: leaked networks, images of old template versions.
+        """Remove what no session uses: leaked networks and their firewall rules, old images.
 
         Given the keys of the sessions with an action in flight (their
         networks are kept). Networks are this host's session networks with no
         container (see `garbage.leaked_networks`; younger than
-        `network_min_age` ones are kept); images are those built for this host
-        under `templates.image_prefix` whose tag is no template's current one
-        and that no container uses. Returns the names and tags removed.
+        `network_min_age` ones are kept); rules those of gone networks (see
+        `firewall`); images are those built for this host under
+        `templates.image_prefix` whose tag is no template's current one and
+        that no container uses. Returns the names, rules and tags removed.
         """
         host = self.config.daemon.host
-        removed = garbage.leaked_networks(
-            self.engine, host, self.sessions.installation, busy, network_min_age
-        )
+        installation = self.sessions.installation
+        removed = garbage.leaked_networks(self.engine, host, installation, busy, network_min_age)
+        removed += firewall.collect(self.engine, host, installation)
         return removed + garbage.old_images(self.engine, self.images, host)
 
     def cleanup(self, busy: Collection[str]) -> list[str]:

@@ -22,6 +22,7 @@ from gpuresa.outputs.host_ca import HostCA
 from gpuresa.runtime.create_payloads import MainContainer, ftp_payload, main_payload
 from gpuresa.runtime.engine import dumps
 from gpuresa.runtime.errors import EngineTimeout, ImageMissing, PortRefused, SessionError
+from gpuresa.runtime.firewall import guard_network
 from gpuresa.runtime.forwarding import remove_stale_forwarding
 from gpuresa.runtime.gpus import host_gpu_access
 from gpuresa.runtime.host_sessions import HostSessions
@@ -144,7 +145,9 @@ def prepare_session(
             key,
         )
     try:
-        sessions.engine.create_network(name, {**labels, ROLE_LABEL: NETWORK_ROLE}, key)
+        network = sessions.engine.create_network(name, {**labels, ROLE_LABEL: NETWORK_ROLE}, key)
+        # before anything listens there: host accounts reach only what is published
+        guard_network(sessions.engine, sessions.installation, network, key)
         main_id = sessions.engine.create_container(name, main_config, key)
         # the session's host ids are known once its main container exists (Podman
         # chooses them then); its output is theirs before anything of the user's runs

@@ -77,8 +77,11 @@ class SlurmBackend:
         settings = config.slurm
         self.gateway = gateway or SlurmGateway(settings.timeout.total_seconds())
         self.records = Records(config.daemon.state_dir / "slurm")
-        # the users' sshd reads its session's folder by its path: traversable, not listable
-        self.files = SessionFiles(settings.shared_dir / "sessions", root_mode=0o711)
+        # the users' sshd reads its session's folder by its path: traversable, not listable;
+        # each folder is its login's group's (`_make_folders`): no other user reads its keys
+        self.files = SessionFiles(
+            settings.shared_dir / "sessions", root_mode=0o711, folder_mode=0o750
+        )
         self.runs = settings.shared_dir / "runs"
         self.reserver = Reserver(self.gateway, settings.gres_reservations, PREFIX)
         self.jobs = SessionJobs(self.gateway, self.records)
@@ -377,6 +380,7 @@ class SlurmBackend:
         except AccessError as error:
             raise SessionError(str(error)) from None
         self.files.show_file(record.key, "authorized_keys", keys)
+        os.chown(self.files.path(record.key), 0, account.gid)
         self._show(record)
         output = Path(record.output)
         owner_dir = self.config.storage.output_root / record.user
@@ -385,7 +389,9 @@ class SlurmBackend:
         output.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chown(output, account.uid, account.gid)
         run = self.runs / record.name
-        self.runs.mkdir(mode=0o755, parents=True, exist_ok=True)
+        # traversed by each job to its own run folder (the login's, with its log), never listed
+        self.runs.mkdir(mode=0o711, parents=True, exist_ok=True)
+        os.chmod(self.runs, 0o711)
         run.mkdir(mode=0o700, exist_ok=True)
         os.chown(run, account.uid, account.gid)
 

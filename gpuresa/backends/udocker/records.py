@@ -1,6 +1,8 @@
 """What gpuresa keeps on disk for each udocker session: its record and its sshd's files.
 
-`<udocker root>/sessions/<safe key>/` is root's (mode 0755): `record.json` (the
+`<udocker root>/sessions/` is root's (mode 0711: traversed, never listed), and each
+`<safe key>/` below it root's with the login's group (mode 0750: the login's sshd and
+udocker read it, no other host user does): `record.json` (the
 spec, the account, the container's name: what `list_sessions` of a restarted
 daemon rebuilds the session from), `sshd_config`, `authorized_keys` (empty
 while the login gate is closed), `container.pid` (the container's first
@@ -29,6 +31,10 @@ from gpuresa.runtime.errors import SessionError
 from gpuresa.runtime.labels import parse_instant, safe_key, utc_text
 
 HOST_KEY = "ssh_host_ed25519_key"
+# the sessions' folder and each session's (see the module): its logs (the login's
+# connections, udocker's output) and its authorized_keys are no other user's to read
+ROOT_MODE = 0o711
+FOLDER_MODE = 0o750
 # the host key's fingerprint, written by root beside the user's `ssh` folder
 FINGERPRINT = "host_key.fingerprint"
 
@@ -99,8 +105,14 @@ class Records:
             "container": record.container,
         }
         try:
-            self.root.mkdir(mode=0o755, parents=True, exist_ok=True)
-            folder.mkdir(mode=0o755, exist_ok=True)
+            self.root.mkdir(mode=ROOT_MODE, parents=True, exist_ok=True)
+            # an older install made both 0755: closed again on every write
+            os.chmod(self.root, ROOT_MODE)
+            folder.mkdir(mode=FOLDER_MODE, exist_ok=True)
+            if folder.is_symlink() or not folder.is_dir():
+                raise OSError(f"{folder} is not a folder")
+            os.lchown(folder, 0, record.gid)
+            os.chmod(folder, FOLDER_MODE)
             write_file(folder / "record.json", json.dumps(values, indent=1) + "\n")
         except OSError as error:
             raise SessionError(f"cannot write the record of {spec.key}: {error}") from None
