@@ -31,6 +31,8 @@ import docker
 import docker.errors
 import pytest
 
+from gpuresa.runtime import firewall
+
 BASE_IMAGE = "gpuresa/base:bookworm"
 # A run's workers (pytest-xdist) inherit its prefix: the run's check of the machine tells
 # what any of its workers made from what another run made (`support.machine`).
@@ -357,6 +359,7 @@ class DockerHarness:
         for container in self.ours():
             with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
                 container.remove(force=True)
+        removed = set()
         for filters in (
             {"label": f"{RUN_LABEL}={RUN_ID}"},
             {"label": f"gpuresa.host={self.host_name}"},
@@ -364,6 +367,10 @@ class DockerHarness:
             for network in self.client.networks.list(filters=filters):
                 with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
                     network.remove()
+                    removed.add(network.name)
+        # the session firewall's rules of the networks removed here, behind gpuresa's back
+        if removed:
+            firewall.remove_rules(lambda owner: owner[1] in removed, "test clean-up")
 
     def dump(self) -> None:
         """Print logs and inspect output of this run's containers (for a failed test)."""

@@ -182,7 +182,7 @@ def test_release_keeps_what_a_running_session_needs_and_lets_go_of_the_rest(
 
     _, released = release(config, [])
     assert {holding.kind for holding in released} >= {"mount"}
-    assert mounts_under(config.storage.output_root) == []
+    assert mounts_under(config.daemon.state_dir) == []
     assert loops_under(store(config)) == []
     assert [holding for holding in holdings(config) if holding.kind != "netns"] == []
     assert release(config, [])[0] == []  # gone is done
@@ -191,7 +191,7 @@ def test_release_keeps_what_a_running_session_needs_and_lets_go_of_the_rest(
 def test_sessions_that_cannot_be_listed_keep_everything(config: Config) -> None:
     capped_pair(config)
     kept = release_unneeded(config, None)
-    assert len(mounts_under(config.storage.output_root)) == 3
+    assert len(mounts_under(area(config))) == 3
     assert {holding.kind for holding in kept} == {"mount", "loop"}
 
 

@@ -100,7 +100,10 @@ def euid_through(shell: Path, uid: int) -> str:
 def config_at(root: Path) -> Site:
     from gpuresa.config.reading import parse_config
 
-    config = parse_config({"storage": {"output_root": str(root / "output")}}, "test.toml")
+    config = parse_config(
+        {"storage": {"output_root": str(root / "output")}, "daemon": {"state_dir": str(root)}},
+        "test.toml",
+    )
     return Site(root, config, None)
 
 

@@ -179,7 +179,7 @@ def test_every_directive_of_the_unit_is_explained(path: Path) -> None:
 
 def test_the_drop_ins_change_the_service_only() -> None:
     names = sorted(path.name for path in DROP_INS.glob("*.conf"))
-    assert names == ["podman.conf", "slurm.conf", "udocker.conf"]
+    assert names == ["slurm.conf", "udocker.conf"]
     for name in names:
         assert set(unit_directives((DROP_INS / name).read_text())) == {"Service"}
 

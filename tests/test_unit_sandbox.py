@@ -35,7 +35,7 @@ from gpuresa.config.reading import load_config
 from gpuresa.config.sections import Config
 from gpuresa.journal.store import Journal
 from gpuresa.runtime import Runtime
-from gpuresa.runtime.output_area import running_path
+from gpuresa.runtime.output_area import RUNNING_FOLDER, area, running_path
 
 CONTENT = "written under the unit\n"
 GIB = 1 << 30
@@ -128,9 +128,8 @@ def session_containers(harness: DockerHarness, key: str) -> list[Any]:
 
 def unmount_area(config: Config) -> None:
     """Undo the running area's mount, which outlives the daemon by design."""
-    area = config.storage.output_root / ".running"
-    while os.path.ismount(area):
-        subprocess.run(["umount", "--lazy", str(area)], check=False)
+    while os.path.ismount(area(config)):
+        subprocess.run(["umount", "--lazy", str(area(config))], check=False)
 
 
 def test_the_unit_keeps_the_daemon_in_the_hosts_mount_namespace() -> None:
@@ -222,7 +221,7 @@ def refused_reason(config: Config, key: str, daemon: SandboxedDaemon, timeout: f
         (unit_sandbox.restrictions().without("CAP_SYS_ADMIN"), "not permitted"),
         # a mount namespace of its own (ProtectSystem= and the like): the area made there
         # is not a mount the engine sees
-        (unit_sandbox.restrictions().with_mount_namespace("ProtectSystem"), ".running"),
+        (unit_sandbox.restrictions().with_mount_namespace("ProtectSystem"), RUNNING_FOLDER),
     ],
     ids=["without-CAP_SYS_ADMIN", "in-a-mount-namespace"],
 )
@@ -299,8 +298,8 @@ def test_udocker_sessions_outlive_a_stop_of_the_daemon() -> None:
 @pytest.mark.parametrize(
     "argv",
     [
-        # RestrictAddressFamilies=
-        [sys.executable, "-c", "import socket; socket.socket(socket.AF_NETLINK, socket.SOCK_RAW)"],
+        # RestrictAddressFamilies= (netlink is allowed, for iptables; raw packets are not)
+        [sys.executable, "-c", "import socket; socket.socket(socket.AF_PACKET, socket.SOCK_RAW)"],
         # SystemCallFilter=~@clock: even adjtimex() that only reads (modes 0), which needs no
         # capability, is refused
         [sys.executable, "-c", READ_CLOCK],
@@ -313,7 +312,7 @@ def test_udocker_sessions_outlive_a_stop_of_the_daemon() -> None:
         # NoNewPrivileges=: the kernel's flag is set (a set-uid program gives nothing)
         ["grep", "--quiet", "NoNewPrivs:\t0", "/proc/self/status"],
     ],
-    ids=["netlink", "clock", "realtime", "personality", "namespaces", "no-new-privileges"],
+    ids=["packet", "clock", "realtime", "personality", "namespaces", "no-new-privileges"],
 )
 def test_the_emulated_restrictions_bite(argv: list[str]) -> None:
     # a restriction the emulation let through would make the daemon's pass above meaningless

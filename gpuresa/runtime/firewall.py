@@ -150,8 +150,8 @@ def unguard(installation: str, network: str, key: str) -> list[str]:
     Called once the network is gone; logs, never raises (a rule left is
     collected by the cleanup, and closes only a subnet nobody uses).
     """
-    return _remove(
-        lambda owner: owner[0] == installation and owner[1] == network, key, "its network is gone"
+    return remove_rules(
+        lambda owner: owner[:2] == (installation, network), f"{key}: its network is gone"
     )
 
 
@@ -183,7 +183,11 @@ def collect(engine: Engine, host: str, installation: str) -> list[str]:
     return removed
 
 
-def _remove(wanted: Callable[[tuple[str, str, str]], bool], key: str, why: str) -> list[str]:
+def remove_rules(wanted: Callable[[tuple[str, str, str]], bool], why: str) -> list[str]:
+    """Remove the rules whose (installation, network, subnet) is `wanted`; those removed.
+
+    `why` is logged with each. Logs, never raises.
+    """
     removed = []
     for tool in ("iptables", "ip6tables"):
         done, listing = netfilter(tool, ["-S", CHAIN])
@@ -191,7 +195,7 @@ def _remove(wanted: Callable[[tuple[str, str, str]], bool], key: str, why: str) 
             continue
         for line in listing.splitlines():
             owner = rule_owner(line.strip())
-            if owner is not None and wanted(owner) and _delete(tool, line.strip(), f"{key}: {why}"):
+            if owner is not None and wanted(owner) and _delete(tool, line.strip(), why):
                 removed.append(line.strip())
     return removed
 

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# where tests make output roots and state folders
-TEMPORARY = (Path("/tmp"), Path("/var/tmp"))
+# where tests make output roots and state folders, and the defaults of both (where a
+# config that forgets one puts it)
+TEMPORARY = (Path("/tmp"), Path("/var/tmp"), Path("/var/lib/gpuresa"), Path("/srv/gpuresa"))
 NETNS = Path("/run/netns")
 # another pytest run's base folder (pytest-of-<user>/pytest-<n>)
 PYTEST_BASE = re.compile(r"^/tmp/pytest-of-[^/]+/pytest-\d+(/|$)")
