@@ -25,7 +25,6 @@ COMMAND_MODULES = (
     "gpuresa.commands.bench_commands",
     "gpuresa.commands.output_commands",
     "gpuresa.commands.trust_commands",
-    "gpuresa.commands.release",
     "gpuresa.commands.host_commands",
 )
 

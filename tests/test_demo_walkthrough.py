@@ -97,7 +97,14 @@ def demo(tmp_path: Path, docker_client: Any) -> Iterator[Demo]:
         running.process.wait()
         # a demo killed before its own clean-up: its release, as an admin would run it
         subprocess.run(
-            [str(GPURESA), "release", "--config", str(running.root / "config.toml")],
+            [
+                str(GPURESA),
+                "host",
+                "release",
+                "--all",
+                "--config",
+                str(running.root / "config.toml"),
+            ],
             check=False,
         )
 

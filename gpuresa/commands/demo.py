@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from gpuresa.commands.demo_gpus import NO_GPUS, DemoGpus, detect_gpus
-from gpuresa.commands.release import release_host
+from gpuresa.commands.host_commands import release_host
 from gpuresa.config.reading import load_config
 from gpuresa.config.sections import Config, HostConfig
 from gpuresa.errors import UserError
@@ -234,7 +234,7 @@ def access_text(files: DemoFiles, config: Config, session: Session, public_host:
     lftp_settings = f"set ftp:ssl-force true; set ssl:ca-file {files.ftps_certificate}"
     return (
         f"\n  Session {session.key} is up until {session.end:%H:%M:%S} UTC.\n"
-        f"  The host's @cert-authority line is in {files.known_hosts}, its FTPS\n"
+        f"  The host's @cert-authority lines are in {files.known_hosts}, its FTPS\n"
         f"  certificate in {files.ftps_certificate} (`gpuresa trust` prints both).\n"
         f"\n  SSH:\n    ssh {key} -p {session.ssh_port} {login}\n"
         f"\n  FTPS (explicit TLS; this session's password: {session.ftp_password}):\n"
@@ -284,13 +284,14 @@ def run_demo(root: Path, start_in: timedelta, length: timedelta) -> None:
         Daemon(config, runtime=runtime, on_start=show_access).run()
     finally:
         print("gpuresa demo: removing the demo's sessions, containers and mounts…", flush=True)
-        removed = release_host(config, runtime)
+        stopped, _kept, released = release_host(config, runtime, everything=True)
+        removed = [f"session {key}" for key in stopped] + [str(item) for item in released]
         print(f"gpuresa demo: removed {', '.join(removed) or 'nothing'}", flush=True)
 
 
 def write_trust_files(files: DemoFiles, config: Config) -> None:
-    """The demo's known_hosts (the host CA's line) and FTPS certificate, for its commands."""
-    files.known_hosts.write_text(HostCA(config).known_hosts_line() + "\n")
+    """The demo's known_hosts (the host CAs' lines) and FTPS certificate, for its commands."""
+    files.known_hosts.write_text(HostCA(config).known_hosts_text())
     shutil.copyfile(HostCredentials(config).tls_files()[0], files.ftps_certificate)
 
 

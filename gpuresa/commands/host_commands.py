@@ -69,7 +69,9 @@ def release_host(
         for session in backend.list_sessions():
             backend.stop(session.key, config.daemon.stop_grace)
             stopped.append(session.key)
-        OutputService(config, backend).remove()
+        service = OutputService(config, backend)
+        if service.enabled:  # a host whose sessions serve their own outputs has none
+            service.remove()
         retry_pending(config, (), _report)
         running: list[str] = []
     else:

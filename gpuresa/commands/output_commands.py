@@ -144,7 +144,7 @@ def serve_command(arguments: argparse.Namespace) -> int:
 
 
 def prepare_area_command(arguments: argparse.Namespace) -> int:
-    """Make `<output_root>/.running` root-only, nosuid and nodev (the unit's ExecStartPre)."""
+    """Make the running outputs' area root-only, nosuid and nodev (each daemon start does too)."""
     config = load_config(arguments.config)
     try:
         path = ensure_area(config)

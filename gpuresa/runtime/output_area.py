@@ -162,8 +162,9 @@ def ensure_area(config: Config) -> Path:
         if not in_host_namespace():
             raise SessionError(
                 f"{path} is not a nosuid, nodev mount and this process cannot make it one "
-                "(it runs in a mount namespace of its own): run `gpuresa outputs prepare-area` "
-                "as root (the unit's ExecStartPre does)"
+                "(it runs in a mount namespace of its own, which the engine does not see): "
+                "run the daemon in the host's mount namespace (no ProtectSystem=, PrivateTmp= "
+                "or ReadWritePaths= in its unit), or `gpuresa outputs prepare-area` as root"
             )
         with area_lock(config):
             _mount_area(config, path)
