@@ -29,6 +29,7 @@ bench: setup
 	$(VENV)/python benchmarks/bench_sessions.py --engine podman
 	$(VENV)/python benchmarks/bench_sessions.py --engine udocker
 	$(VENV)/python benchmarks/bench_daemon.py
+	$(VENV)/python benchmarks/bench_walkin.py
 	$(VENV)/python benchmarks/bench_outputs.py
 	$(VENV)/python benchmarks/bench_telemetry.py
 	$(VENV)/python benchmarks/bench_grr.py

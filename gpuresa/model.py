@@ -6,9 +6,10 @@ does I/O, so the planner and its tests can build them freely.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 # Keys gpuresa makes for itself (ad-hoc sessions, benches) start with INTERNAL_MARK; a key
 # made from calendar text never does (see `calendar_key`), so no calendar can name one.
@@ -109,14 +110,17 @@ class ReservationSet:
 
 @dataclass(frozen=True)
 class SessionSpec:
-    """What the runtime needs to create a session; ports and GPUs already chosen."""
+    """What a backend needs to create a session; ports and GPUs already chosen."""
 
     key: str
     user: str
     host: str
     template: str
     cuda: str | None
-    gpus: tuple[int, ...]
+    # how many GPUs the session gets, and which of the host's (by index) when gpuresa
+    # chooses them; () where a scheduler places them (`Capabilities.places_gpus`)
+    gpu_count: int
+    gpu_indices: tuple[int, ...]
     start: datetime
     end: datetime
     ssh_port: int
@@ -124,7 +128,8 @@ class SessionSpec:
     ftp_passive_first: int
     ftp_passive_last: int
     email: str | None = None
-    # where a scheduler runs it: a node, "partition:<name>" or "" (any; engines ignore it)
+    # where a scheduler runs it: a node, "partition:<name>" or "" (any; engines ignore it);
+    # a session's: the node the scheduler chose ("" for an engine's session)
     place: str = ""
 
 
@@ -140,32 +145,58 @@ class IdRange:
         return f"{self.uid}-{self.uid + self.count - 1}"
 
 
-@dataclass(frozen=True)
-class Session:
-    """A session as Docker shows it, rebuilt from the containers' `gpuresa.*` labels."""
+@dataclass(frozen=True, kw_only=True)
+class Session(SessionSpec):
+    """A session as its backend shows it: its spec (rebuilt from the containers' `gpuresa.*`
+    labels, the backend's records) and what it is now.
 
-    key: str
-    user: str
-    host: str
-    template: str
-    cuda: str | None
-    gpus: tuple[int, ...]
-    start: datetime
-    end: datetime
-    ssh_port: int
-    ftp_port: int
-    ftp_passive_first: int
-    ftp_passive_last: int
+    A session *is* its spec with a state: it inherits the spec's fields, so readers
+    ask `session.user` as they ask `spec.user`, a session goes wherever a spec does,
+    and `Session.of(spec, ...)` makes one without copying the spec field by field.
+    """
+
     # "created" (prepared, not started), "running", or "stopped" (exited, not removed)
     state: str
     output_dir: Path
     ftp_user: str = ""
     ftp_password: str = field(default="", repr=False)
-    email: str | None = None
     containers: tuple[str, ...] = ()
     # the host ids of the session's user namespace (None: none, or not known)
     id_range: IdRange | None = None
-    # the node a scheduler runs it on ("" for an engine's session)
-    place: str = ""
     # the fingerprint of a host key of the session's own, for an sshd without a certificate
     host_key: str = ""
+
+    @classmethod
+    def of(
+        cls,
+        spec: SessionSpec,
+        *,
+        state: str,
+        output_dir: Path,
+        ftp_user: str = "",
+        ftp_password: str = "",
+        containers: tuple[str, ...] = (),
+        id_range: IdRange | None = None,
+        host_key: str = "",
+    ) -> Session:
+        """The session of `spec` (a plain spec, or a session's: its own part is left out)."""
+        return cls(
+            **_spec_values(spec),
+            state=state,
+            output_dir=output_dir,
+            ftp_user=ftp_user,
+            ftp_password=ftp_password,
+            containers=containers,
+            id_range=id_range,
+            host_key=host_key,
+        )
+
+    @property
+    def spec(self) -> SessionSpec:
+        """What this session was made from, without what its backend shows (a plain
+        `SessionSpec`, which compares equal to the spec that made it)."""
+        return SessionSpec(**_spec_values(self))
+
+
+def _spec_values(spec: SessionSpec) -> dict[str, Any]:
+    return {item.name: getattr(spec, item.name) for item in fields(SessionSpec)}

@@ -14,9 +14,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import paramiko
 from conftest import TEST_HOST
 from support.configs import write_daemon_config
+from support.logins import try_login
 from test_daemon_cli import ics_event
 
 from gpuresa.config.reading import load_config
@@ -152,25 +152,10 @@ def start_latencies(config: Config, keys: list[str], start: datetime) -> dict[st
 
 
 def _logs_in(port: int, user: str, key_file: Path | None) -> bool:
-    client = paramiko.SSHClient()
-    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
-    try:
-        client.connect(
-            "127.0.0.1",
-            port=port,
-            username=user,
-            key_filename=str(key_file) if key_file else None,
-            timeout=2,
-            banner_timeout=2,
-            auth_timeout=2,
-            allow_agent=False,
-            look_for_keys=False,
-        )
-        return True
-    except (paramiko.SSHException, OSError, EOFError):
-        return False
-    finally:
+    client = try_login(port, user, key_file)
+    if client is not None:
         client.close()
+    return client is not None
 
 
 def at(instant: datetime) -> float:

@@ -24,10 +24,12 @@ from conftest import _harness
 from slurm_site import SlurmSite, slurm_site
 from test_runtime import Site, built_fixture, make_site, run, ssh_login  # noqa: F401
 
+from gpuresa.backends.capabilities import host_capabilities
 from gpuresa.backends.factory import open_backend
 from gpuresa.backends.protocol import SessionBackend
 from gpuresa.backends.udocker import UdockerBackend
 from gpuresa.model import Session, SessionSpec
+from gpuresa.outputs.service import OutputService
 from gpuresa.runtime import Runtime, SessionError
 
 
@@ -135,6 +137,19 @@ def udocker_contract(docker_client: Any) -> Iterator[Contract]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def test_every_backend_declares_what_its_hosts_entry_says_it_can_do(contract: Contract) -> None:
+    config = contract.site.config
+    capabilities = contract.backend.capabilities
+    # what the planner and the config checks know without opening the backend
+    assert capabilities == host_capabilities(config.host())
+    # the output service runs only beside a backend that leaves its outputs to it
+    service = OutputService(config, contract.backend)
+    assert service.enabled == (config.storage.sftp_port != 0 and not capabilities.serves_outputs)
+    if capabilities.serves_outputs:
+        with pytest.raises(SessionError, match="serve their outputs themselves"):
+            service.remove()
+
+
 def login_user(contract: Contract, session: Session, command: str) -> str:
     with ssh_login(session, session.user, contract.site.key(session.user)) as client:
         code, output = run(client, command)
@@ -220,7 +235,8 @@ def test_kill_ends_at_once(contract: Contract) -> None:
 def test_a_spec_the_host_cannot_serve_is_refused_before_anything_is_made(
     contract: Contract,
 ) -> None:
-    spec = dataclasses.replace(contract.spec(), gpus=(97,))
+    # more GPUs than any host or node of the tests has
+    spec = dataclasses.replace(contract.spec(), gpu_count=97, gpu_indices=tuple(range(97)))
     with pytest.raises(SessionError):
         contract.backend.check_spec(spec)
     with pytest.raises(SessionError):

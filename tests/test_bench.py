@@ -385,7 +385,8 @@ def test_compare_refuses_a_gpu_set_with_one_side_only() -> None:
 
 def session(key: str, gpus: tuple[int, ...], state: str = "running") -> Session:
     return Session(
-        key=key, user="alice", host="gpu1", template="pytorch", cuda="12.4", gpus=gpus,
+        key=key, user="alice", host="gpu1", template="pytorch", cuda="12.4",
+        gpu_count=len(gpus), gpu_indices=gpus,
         start=NOW - timedelta(hours=1), end=NOW + timedelta(hours=1), ssh_port=20000,
         ftp_port=21000, ftp_passive_first=22000, ftp_passive_last=22009, state=state,
         output_dir=Path("/srv/out"),

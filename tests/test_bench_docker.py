@@ -147,7 +147,8 @@ def test_a_command_without_a_number_fails_and_is_journaled(
 def _session(key: str, gpus: tuple[int, ...]) -> Session:
     now = datetime.now(UTC)
     return Session(
-        key=key, user="alice", host=TEST_HOST, template="pytorch", cuda="12.4", gpus=gpus,
+        key=key, user="alice", host=TEST_HOST, template="pytorch", cuda="12.4",
+        gpu_count=len(gpus), gpu_indices=gpus,
         start=now - timedelta(hours=1), end=now + timedelta(hours=1), ssh_port=20000,
         ftp_port=21000, ftp_passive_first=22000, ftp_passive_last=22009, state="running",
         output_dir=Path("/srv/out"),
@@ -187,7 +188,7 @@ def test_gpus_of_a_booking_about_to_start_are_refused(
         end=start + timedelta(hours=1),
     )  # fmt: skip
     with Journal(config.daemon.state_dir / "journal.sqlite") as journal:
-        journal.record_reservations([booking], [], datetime.now(UTC))
+        journal.reservations.record([booking], [], datetime.now(UTC))
     code = main(["bench", "--config", str(config_path), "--gpus", "0"])
     captured = capsys.readouterr()
     assert code == 1

@@ -47,7 +47,7 @@ def problems_of(text: str) -> list[str]:
 
 def test_empty_file_gives_the_defaults() -> None:
     config = parse_config({}, "empty.toml")
-    assert config.daemon.poll_interval == timedelta(seconds=30)
+    assert config.daemon.poll_interval == timedelta(seconds=5)
     assert config.daemon.warnings == (timedelta(minutes=15), timedelta(minutes=5))
     assert config.templates.allowed == ("tensorflow", "digits", "pytorch")
     assert config.hosts == ()

@@ -10,11 +10,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from datetime import UTC, datetime, timedelta
 
 from conftest import DockerHarness, RadicaleServer
-from support.waiting import wait_for
+from support.waiting import polls_later, wait_for
 from test_daemon_e2e import Stack, next_second, stack
 
 from gpuresa.journal.store import Journal
@@ -33,7 +32,9 @@ def rejected(stack: Stack) -> list[dict[str, str]]:
 def moved_keys(stack: Stack) -> list[str]:
     journal = Journal(stack.config.daemon.state_dir / "journal.sqlite", read_only=True)
     try:
-        return [row.key for row in journal.reservations() if row.key.startswith("ended-1/moved-")]
+        return [
+            row.key for row in journal.reservations.all() if row.key.startswith("ended-1/moved-")
+        ]
     finally:
         journal.close()
 
@@ -41,7 +42,7 @@ def moved_keys(stack: Stack) -> list[str]:
 def state(stack: Stack, key: str) -> str | None:
     journal = Journal(stack.config.daemon.state_dir / "journal.sqlite", read_only=True)
     try:
-        return journal.state(key)
+        return journal.states.get(key)
     finally:
         journal.close()
 
@@ -99,8 +100,8 @@ def test_a_moved_ended_booking_and_a_copied_uid_take_nothing(
     assert refused["user"] == "mallory"
     assert "already a booking in calendar gpu" in refused["reason"]
     wait_for(lambda: moved_keys(stack), 30, "the moved booking under a key of its own")
-    # several polls later: alice's session is the same one, the ended key never came back
-    time.sleep(3 * stack.config.daemon.poll_interval.total_seconds())
+    # three polls later: alice's session is the same one, the ended key never came back
+    polls_later(stack.config, 3)
     still = stack.session("victim-1")
     assert still is not None and still.user == "alice" and still.state == "running"
     assert {docker_harness.client.containers.get(name).id for name in still.containers} == ids

@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import TEST_HOST, DockerHarness
 from support.configs import write_daemon_config
+from support.waiting import wait_for
 
 from gpuresa.config.reading import load_config
 from gpuresa.runtime import Runtime
@@ -116,9 +116,9 @@ def journal_with_a_failed_start(config: Path, reason: str) -> str:
     journal_path(loaded).parent.mkdir(parents=True, exist_ok=True)
     journal = Journal(journal_path(loaded))
     try:
-        journal.record_reservations([booking], [], now)
-        journal.set_state(booking.key, "preparing", now)
-        journal.set_state(booking.key, "failed", now, reason)
+        journal.reservations.record([booking], [], now)
+        journal.states.set(booking.key, "preparing", now)
+        journal.states.set(booking.key, "failed", now, reason)
     finally:
         journal.close()
     return booking.key
@@ -168,17 +168,16 @@ def test_daemon_reports_ready_status_history_and_reloads(
     )
     try:
         assert receiver.recv(4096).decode().startswith("READY=1")
-        deadline = time.monotonic() + 30
-        report: dict[str, object] = {}
-        while time.monotonic() < deadline:
+
+        def running() -> dict[str, object] | None:
             result = gpuresa(setup, "status", "--json")
             assert result.returncode == 0, result.stderr
-            report = json.loads(result.stdout)
+            report: dict[str, object] = json.loads(result.stdout)
             sessions = report["sessions"]
             assert isinstance(sessions, list)
-            if any(item["state"] == "running" for item in sessions):
-                break
-            time.sleep(0.5)
+            return report if any(item["state"] == "running" for item in sessions) else None
+
+        report = wait_for(running, 30, "a running session in gpuresa status", every=0.5)
         sessions = report["sessions"]
         assert isinstance(sessions, list) and len(sessions) == 1
         assert sessions[0]["key"] == "status-1" and sessions[0]["user"] == "alice"
@@ -217,9 +216,77 @@ def test_daemon_reports_ready_status_history_and_reloads(
 
 
 def wait_for_log(log: Path, text: str, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if text in log.read_text(errors="replace"):
-            return
-        time.sleep(0.2)
-    pytest.fail(f"{text!r} not in the daemon log:\n{log.read_text()[-3000:]}")
+    try:
+        wait_for(lambda: text in log.read_text(errors="replace"), timeout, repr(text), every=0.2)
+    except pytest.fail.Exception:
+        pytest.fail(f"{text!r} not in the daemon log:\n{log.read_text()[-3000:]}")
+
+
+def test_status_says_how_long_each_gpu_stays_free(tmp_path: Path) -> None:
+    from zoneinfo import ZoneInfo
+
+    from gpuresa.daemon import journal_path
+    from gpuresa.journal.store import Journal
+    from gpuresa.model import Rejection, Reservation
+    from gpuresa.reservations.conflicts import site_time
+
+    config = write_daemon_config(
+        tmp_path, host=TEST_HOST, gpus=(0, 1), extra='[reservations]\ntimezone = "Europe/Paris"'
+    )
+    # GPUs this host hands out by index (the test starts no session on them)
+    config.write_text(config.read_text().replace('gpu_mode = "none"', 'gpu_mode = "nvidia"'))
+    loaded = load_config(config)
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+
+    def booked(key: str, user: str, start: timedelta, hours: int, gpus: int) -> Reservation:
+        return Reservation(
+            key=key, uid=key, recurrence_id=None, calendar="folder", host=loaded.daemon.host,
+            user=user, template="pytorch", cuda=None, gpus=gpus, start=now + start,
+            end=now + start + timedelta(hours=hours),
+        )  # fmt: skip
+
+    held = booked("held-1", "alice", -timedelta(hours=1), 2, 1)
+    # a login with a terminal escape: the plain report shows it inert
+    later = booked("next-1", "eve\x1b[2J", timedelta(hours=3), 1, 2)
+    # either, counted, would take GPU 1 before `later` does
+    cancelled = booked("gone-1", "bob", timedelta(minutes=30), 1, 1)
+    refused = booked("refused-1", "bob", timedelta(minutes=10), 1, 1)
+    journal_path(loaded).parent.mkdir(parents=True, exist_ok=True)
+    journal = Journal(journal_path(loaded))
+    try:
+        journal.reservations.record([held, later, cancelled, refused], [], now)
+        journal.states.set(cancelled.key, "cancelled", now)
+        # accepted once, rejected since: its GPUs are nobody's
+        journal.reservations.record(
+            [], [Rejection(refused.key, refused.uid, "folder", "too many GPUs", "bob")], now
+        )
+    finally:
+        journal.close()
+
+    shown = gpuresa(config, "status", "--json")
+    assert shown.returncode == 0, shown.stderr
+    free = json.loads(shown.stdout)["free"]
+    assert free["mode"] == "gpus"
+    first, second = free["gpus"]
+    assert first["holder"]["key"] == "held-1" and first["free_from"] == held.end.isoformat()
+    assert first["ended_by"]["key"] == "next-1"
+    assert second["holder"] is None and second["ended_by"]["key"] == "next-1"
+    assert first["free_until"] == second["free_until"] == later.start.isoformat()
+    paris = ZoneInfo("Europe/Paris")
+    assert first["text"] == (
+        f"busy (alice, until {site_time(held.end, paris)}), then free until "
+        f"{site_time(later.start, paris)} (eve\x1b[2J's booking)"
+    )
+    assert (
+        second["text"] == f"free now, until {site_time(later.start, paris)} (eve\x1b[2J's booking)"
+    )
+
+    text = gpuresa(config, "status")
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    heading = lines.index("free from now (what a walk-in booking can get):")
+    assert lines[heading + 1].startswith(
+        f"  GPU 0: busy (alice, until {site_time(held.end, paris)})"
+    )
+    assert lines[heading + 2].startswith("  GPU 1: free now, until ")
+    assert "eve\\x1b[2J's booking" in lines[heading + 2] and "\x1b" not in text.stdout

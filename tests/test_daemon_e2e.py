@@ -10,7 +10,6 @@ import contextlib
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -28,7 +27,8 @@ from conftest import (
     SMTPServer,
 )
 from support.configs import free_ports
-from support.waiting import wait_for
+from support.logins import run, sftp_login, try_login
+from support.waiting import polls_later, wait_for
 
 from gpuresa.config.reading import load_config
 from gpuresa.config.sections import Config
@@ -84,42 +84,16 @@ class Stack:
 
     def login(self, port: int, user: str = "alice") -> paramiko.SSHClient | None:
         """An SSH client logged in with the user's key, or None if the login fails now."""
-        client = paramiko.SSHClient()
-        client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
-        try:
-            client.connect(
-                "127.0.0.1",
-                port=port,
-                username=user,
-                key_filename=str(self.key_file),
-                timeout=2,
-                banner_timeout=2,
-                auth_timeout=2,
-                allow_agent=False,
-                look_for_keys=False,
-            )
-        except (paramiko.SSHException, OSError, EOFError):
-            client.close()
-            return None
-        return client
+        return try_login(port, user, self.key_file)
 
 
 def download(stack: Stack, path: str) -> bytes:
     """A file of alice's outputs, over SFTP from the host's output service, with her key."""
-    with paramiko.SSHClient() as sftp_client:
-        sftp_client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
-        sftp_client.connect(
-            "127.0.0.1", stack.config.storage.sftp_port, username="alice",
-            key_filename=str(stack.key_file), look_for_keys=False, allow_agent=False, timeout=10,
-        )  # fmt: skip
-        with sftp_client.open_sftp().open(path) as stream:
-            return bytes(stream.read())
-
-
-def run(client: paramiko.SSHClient, command: str) -> tuple[int, str]:
-    _, stdout, stderr = client.exec_command(command, timeout=20)
-    output = stdout.read().decode() + stderr.read().decode()
-    return stdout.channel.recv_exit_status(), output
+    with (
+        sftp_login(stack.config.storage.sftp_port, "alice", stack.key_file) as sftp,
+        sftp.open(path) as stream,
+    ):
+        return bytes(stream.read())
 
 
 @pytest.fixture
@@ -304,11 +278,12 @@ def test_booking_lifecycle_with_extension_kill_and_calendar_outage(
     component["DTEND"].dt = new_end
     event.save()
 
-    # SIGKILL mid-session, then a restart: adopted, not started twice
-    time.sleep(3)
+    # SIGKILL mid-session, once it polled the extension, then a restart: adopted, not
+    # started twice however many rounds the new daemon plans
+    polls_later(stack.config, 2)
     stack.kill_daemon()
     stack.start_daemon()
-    time.sleep(5)
+    polls_later(stack.config, 2)
     sessions = [session for session in stack.sessions() if session.key == "lifecycle-1"]
     assert len(sessions) == 1 and sessions[0].ssh_port == port
     assert len(docker_harness.sessions()) == 2  # the main container and its FTP sidecar
@@ -341,10 +316,14 @@ def test_booking_lifecycle_with_extension_kill_and_calendar_outage(
     port = stack.config.storage.sftp_port
     assert f"sftp -P {port} alice@" in ended.get_content() and "removed on" in ended.get_content()
     assert download(stack, f"{outputs[0].parent.name}/result.txt") == b"result\n"
-    # the start notice gives the one line that trusts every session of the host
+    # the start notice gives the lines that trust every session of the host: one per
+    # port (the session ports and the output service's), none for any port
     started = mail_matching(stack.smtp, "ready")
     authority = [line for line in started.get_content().splitlines() if "@cert-authority" in line]
-    assert len(authority) == 1 and "]:* ssh-ed25519 " in authority[0]
+    host = stack.config.host()
+    assert len(authority) == len(host.ssh_ports) + 1
+    assert all("]:* " not in line for line in authority)
+    assert any(f"]:{port} ssh-ed25519 " in line for line in authority)
     assert "SHA256:" not in started.get_content().split("FTPS certificate")[0]
 
 
@@ -380,9 +359,9 @@ def test_cancelled_and_rejected_bookings(stack: Stack) -> None:
     stack.kill_daemon(signal.SIGTERM)
     journal = Journal(stack.config.daemon.state_dir / "journal.sqlite", read_only=True)
     with contextlib.closing(journal):
-        assert journal.state("reject-1") == "rejected"
-        assert journal.state("cancel-1") == "cancelled"
-        rejected = [entry for entry in journal.history() if entry.key == "reject-1"]
+        assert journal.states.get("reject-1") == "rejected"
+        assert journal.states.get("cancel-1") == "cancelled"
+        rejected = [entry for entry in journal.history.entries() if entry.key == "reject-1"]
         assert any("no-such-template" in entry.detail for entry in rejected)
 
 
@@ -410,7 +389,7 @@ def test_a_booking_on_podman_runs_in_its_own_user_namespace_and_survives_a_kill(
     # SIGKILL mid-session, then a restart: adopted with its range, not started twice
     stack.kill_daemon()
     stack.start_daemon()
-    time.sleep(3)
+    polls_later(stack.config, 2)
     (session,) = [session for session in stack.sessions() if session.key == "podman-1"]
     assert session.ssh_port == port and session.id_range is not None
     assert len(podman_harness.sessions()) == 2

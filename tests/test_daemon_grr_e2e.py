@@ -88,4 +88,4 @@ def test_a_grr_row_becomes_a_session_and_its_deletion_ends_it(
     stack.kill_daemon(signal.SIGTERM)
     journal = Journal(stack.config.daemon.state_dir / "journal.sqlite", read_only=True)
     with contextlib.closing(journal):
-        assert journal.state(key) == "cancelled"
+        assert journal.states.get(key) == "cancelled"

@@ -24,6 +24,7 @@ from daemon_stage import (
     wait_ssh_ready,
     write_config,
 )
+from support.waiting import wait_for
 from test_daemon_cli import ics_event
 
 from gpuresa.config.reading import load_config
@@ -126,9 +127,12 @@ def test_sigterm_ends_the_daemon_within_five_seconds_while_a_stop_is_stuck(
             ["sh", "-c", "trap '' TERM; exec tail -f /dev/null"], user="alice", detach=True
         )
         # the stop begins at the end and waits up to its 60 s grace for that process
-        time.sleep(max((end - datetime.now(UTC)).total_seconds(), 0) + 2)
+        wait_for(
+            lambda: "stop stuck" in daemon_log.read_text(),
+            (end - datetime.now(UTC)).total_seconds() + 30,
+            "the stop to begin",
+        )
         assert daemon.process.poll() is None
-        assert "stop stuck" in daemon_log.read_text()
         sent = time.monotonic()
         daemon.process.send_signal(signal.SIGTERM)
         daemon.process.wait(10)

@@ -35,9 +35,9 @@ class RecordingWork:
 
     def start(self, action: Start | Recreate, before: Any, now: Any) -> Started:
         assert action.spec is not None
-        self.starts.append((action.key, action.spec.gpus, action.spec.ssh_port))
+        self.starts.append((action.key, action.spec.gpu_indices, action.spec.ssh_port))
         self.release.wait(5)
-        return Started(running(booking(action.key), action.spec.gpus, action.spec.ssh_port))
+        return Started(running(booking(action.key), action.spec.gpu_indices, action.spec.ssh_port))
 
     def prepare(self, action: Prepare, now: Any) -> Done:
         return Done()

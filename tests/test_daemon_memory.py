@@ -51,5 +51,5 @@ def test_what_is_kept_about_a_booking_goes_with_it(tmp_path: Path) -> None:
     assert remembered.warnings_sent == set()
     assert remembered.retry_after == {} and remembered.attempts == {}
     assert remembered.changes_notified == set()
-    assert journal.meta_with_prefix("warned:") == {}
+    assert journal.facts.with_prefix("warned:") == {}
     journal.close()

@@ -42,7 +42,7 @@ def test_a_location_calendars_rejections_are_mailed_by_the_first_host_only(
             key="r-1", uid="r-1", calendar="shared", reason="unknown host 'gpu9'", user="alice"
         )
         context.reject(rejection)
-        assert journal.state("r-1") == "rejected"
+        assert journal.states.get("r-1") == "rejected"
         if mails:
             messages = smtp_server.wait_for(1)
             assert "gpu9" in messages[0].get_content()

@@ -17,7 +17,7 @@ from pathlib import Path
 import docker
 import pytest
 from conftest import TEST_HOST, DockerHarness, SMTPServer, free_port
-from support.waiting import wait_for
+from support.waiting import polls_later, wait_for
 from test_daemon_cli import ics_event, write_ics_config
 
 from gpuresa.config.reading import load_config
@@ -32,7 +32,7 @@ from gpuresa.runtime.labels import session_name
 
 def wait_until_running(daemon: Daemon, key: str, timeout: float) -> None:
     """Wait until the journal says the session of `key` runs; fail the test after `timeout`."""
-    wait_for(lambda: daemon.journal.state(key) == "running", timeout, f"session {key} to run")
+    wait_for(lambda: daemon.journal.states.get(key) == "running", timeout, f"session {key} to run")
 
 
 def test_daemon_waits_for_docker_and_starts_the_session_when_it_is_back(
@@ -55,7 +55,7 @@ def test_daemon_waits_for_docker_and_starts_the_session_when_it_is_back(
         # nothing could start, nothing crashed, and the retries back off
         wait_for(lambda: daemon.docker_backoff > timedelta(seconds=1), 20, "a longer back-off")
         assert real.list_sessions() == []
-        assert daemon.journal.state("outage-1") == "booked"
+        assert daemon.journal.states.get("outage-1") == "booked"
 
         os.symlink("/var/run/docker.sock", link)
         wait_until_running(daemon, "outage-1", 20)
@@ -119,8 +119,9 @@ def test_a_start_notice_that_could_not_be_sent_is_sent_later(
         assert "ready" in str(messages[0]["Subject"])
         kind = waiting.kind
         wait_for(lambda: outbox.sent("notice-1", kind), 5, "the notice to be marked sent")
+        # two polls and their rounds later, with nothing left to send: still one
+        polls_later(config, 2)
         assert outbox.backlog() == 0
-        time.sleep(2)
         assert len(smtp_server.messages) == 1
     finally:
         daemon.shutdown()
@@ -177,7 +178,7 @@ def test_sessions_ending_together_stop_side_by_side(
     try:
         wait_for(
             lambda: all(
-                daemon.journal.state(key) in ("running", "warned")
+                daemon.journal.states.get(key) in ("running", "warned")
                 for key in ("together-1", "together-2")
             ),
             30,
@@ -237,7 +238,7 @@ def test_a_long_image_build_does_not_hold_up_other_sessions(
         quick_ready = datetime.now(UTC)
         # the other booking's 8 s build runs meanwhile, outside the reconcile lock
         assert quick_ready - start <= timedelta(seconds=2)
-        assert daemon.journal.state("slow-1") != "running"
+        assert daemon.journal.states.get("slow-1") != "running"
         wait_until_running(daemon, "slow-1", deadline - time.monotonic())
     finally:
         daemon.shutdown()
@@ -271,10 +272,10 @@ def test_a_stop_interrupted_after_the_containers_went_is_finished_at_the_next_st
     # nothing told yet (a session never started, or one whose stop needs no notice, has
     # no record of what to tell: only the stop's reason)
     journal = Journal(config.daemon.state_dir / "journal.sqlite")
-    journal.set_state("cut-1", "stopping", datetime.now(UTC), "ended")
-    journal.set_meta("unwinding:cut-1", "ended")
+    journal.states.set("cut-1", "stopping", datetime.now(UTC), "ended")
+    journal.facts.set("unwinding:cut-1", "ended")
     if told:
-        journal.set_meta("stopping:cut-1", session_record(session, "ended"))
+        journal.facts.set("stopping:cut-1", session_record(session, "ended"))
     journal.close()
     for container in docker_harness.ours():
         container.remove(force=True)
@@ -296,12 +297,12 @@ def test_a_stop_interrupted_after_the_containers_went_is_finished_at_the_next_st
             assert str(session.output_dir) in ended[0].get_content()
         # finished in the first round, not by the hourly maintenance
         wait_for(
-            lambda: second.journal.get_meta("unwinding:cut-1") is None,
+            lambda: second.journal.facts.get("unwinding:cut-1") is None,
             20,
             "the interrupted stop to be finished",
         )
-        assert second.journal.get_meta("stopping:cut-1") is None
-        assert second.journal.state("cut-1") == "ended"
+        assert second.journal.facts.get("stopping:cut-1") is None
+        assert second.journal.states.get("cut-1") == "ended"
         assert not docker_harness.client.networks.list(names=[network])
     finally:
         second.shutdown()

@@ -251,7 +251,8 @@ def test_a_session_of_a_new_login_brings_the_outputs_duty_forward(stage: Stage) 
     # a session of a login the output service does not serve yet: SFTP must work right
     # after its end, not at the next ten-minute round
     session = Session(
-        key="k", user="alice", host="gpu1", template="pytorch", cuda=None, gpus=(0,),
+        key="k", user="alice", host="gpu1", template="pytorch", cuda=None,
+        gpu_count=1, gpu_indices=(0,),
         start=T0, end=T0 + timedelta(hours=1), ssh_port=223, ftp_port=255,
         ftp_passive_first=24000, ftp_passive_last=24002, state="created",
         output_dir=Path("/o/alice/k"),

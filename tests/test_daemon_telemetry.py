@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -49,8 +50,30 @@ class SwitchableNvml:
     def switch(self, name: str) -> None:
         self.recorded = RecordedNvml(name)
 
+    def samples(self) -> int:
+        """How many GPU samples were taken since the last switch."""
+        return sampled(self.recorded)
+
     def __getattr__(self, function: str) -> Any:
         return getattr(self.recorded, function)
+
+
+def sampled(nvml: RecordedNvml) -> int:
+    """How many GPU samples `nvml` answered (each reads the GPUs' use once)."""
+    return nvml.calls.count("nvmlDeviceGetUtilizationRates")
+
+
+def after_more_samples(daemon: Daemon, samples: Callable[[], int], more: int) -> None:
+    """Return once `more` samples were taken and every notice they caused was sent.
+
+    What a test asserts then did not happen had its chances: evidence the
+    daemon looked, which a fixed sleep on a loaded machine cannot give.
+    """
+    wanted = samples() + more
+    wait_for(lambda: samples() >= wanted, 30 + 2 * more, f"{more} more GPU samples")
+    assert daemon.outbox is not None
+    outbox = daemon.outbox
+    wait_for(lambda: outbox.backlog() == 0, 30, "the notices sent")
 
 
 class _NoNvidiaApi:
@@ -181,8 +204,8 @@ def test_metrics_page_and_one_idle_notice_while_a_session_runs(
         body = idle[0].get_content()
         assert str(idle[0]["To"]) == "alice@example.org"
         assert key in body and "0 %" in body and "threshold 5 %" in body
-        # it stays idle: no second notice
-        time.sleep(5)
+        # it stays idle: no second notice, idle_after (3 s) and more later
+        after_more_samples(daemon, nvml.samples, 5)
         assert len([m for m in smtp_server.messages if "idle" in str(m["Subject"])]) == 1
         idle_gpus = samples(get(metrics))["gpuresa_gpus_idle"]
         assert [s.value for s in idle_gpus] == [1]
@@ -206,10 +229,11 @@ def test_a_session_whose_container_lost_its_gpus_is_recreated_once(
     )
     # /dev/kmsg stands for the GPU's device node: Docker's device cgroup never lets a
     # container open it, as after a host `systemctl daemon-reload` took the GPU away
+    nvml = RecordedNvml("busy")
     daemon = Daemon(
         config,
         runtime=Runtime(config, EngineWithoutNvidia()),
-        telemetry=Telemetry("nvml", nvml=RecordedNvml("busy")),
+        telemetry=Telemetry("nvml", nvml=nvml),
         inspector=HostInspector(device_pattern="/dev/kmsg"),
     )
     began = int(time.time()) - 1
@@ -248,8 +272,9 @@ def test_a_session_whose_container_lost_its_gpus_is_recreated_once(
             20,
             "the notice of the recreation",
         )
-        # the new containers cannot open it either: not recreated again, nor told again
-        time.sleep(6)
+        # the new containers cannot open it either: not recreated again, nor told again,
+        # however many samples see the loss
+        after_more_samples(daemon, lambda: sampled(nvml), 6)
         assert len(mains_made()) == 2
         assert main_container(docker_harness).id == main.id
         told = [m for m in smtp_server.messages if "recreated" in str(m["Subject"])]
@@ -306,7 +331,8 @@ def test_a_taken_listen_address_is_one_clear_error(tmp_path: Path) -> None:
 def spec(key: str, gpus: tuple[int, ...]) -> SessionSpec:
     start = datetime(2026, 11, 23, 9, 0, tzinfo=UTC)
     return SessionSpec(
-        key=key, user="alice", host="h", template="pytorch", cuda=None, gpus=gpus,
+        key=key, user="alice", host="h", template="pytorch", cuda=None,
+        gpu_count=len(gpus), gpu_indices=gpus,
         start=start, end=start + timedelta(hours=2), ssh_port=20000, ftp_port=21000,
         ftp_passive_first=22000, ftp_passive_last=22009, email=None,
     )  # fmt: skip

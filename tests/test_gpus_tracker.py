@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import subprocess
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 from conftest import DockerHarness
 from nvml_replay import RecordedNvml
+from support.waiting import wait_for
 
 from gpuresa.gpus import cgroups
 from gpuresa.gpus.findings import GpuLostFromHost, GpuLostInSession, IdleBooking, UnbookedProcess
@@ -37,7 +37,8 @@ BUSY_PERCENT = BUSY.utilization or 0
 
 def session(key: str = "k1", gpus: tuple[int, ...] = (0,), state: str = "running") -> Session:
     return Session(
-        key=key, user="alice", host="h", template="pytorch", cuda=None, gpus=gpus,
+        key=key, user="alice", host="h", template="pytorch", cuda=None,
+        gpu_count=len(gpus), gpu_indices=gpus,
         start=T0, end=T0 + timedelta(hours=8), ssh_port=20000, ftp_port=21000,
         ftp_passive_first=22000, ftp_passive_last=22009, state=state,
         output_dir=Path("/tmp/out"), email="alice@example.org",
@@ -134,12 +135,12 @@ def nobody_process() -> Iterator[int]:
                                 "sleep", "300"])  # fmt: skip
     # setpriv changes user, then becomes sleep: wait for both (a loaded machine is slow)
     comm = Path(f"/proc/{process.pid}/comm")
-    deadline = time.monotonic() + 10
-    while comm.read_text().strip() != "sleep" and time.monotonic() < deadline:
-        time.sleep(0.01)
-    yield process.pid
-    process.kill()
-    process.wait()
+    try:
+        wait_for(lambda: comm.read_text().strip() == "sleep", 10, "setpriv to become sleep")
+        yield process.pid
+    finally:
+        process.kill()
+        process.wait()
 
 
 def test_a_host_process_on_a_booked_gpu_is_reported_once_with_its_user(

@@ -1,10 +1,11 @@
 """SSH host certificates on both engines, checked by OpenSSH itself.
 
-Users keep one `@cert-authority` line (from the start e-mail) and nothing else;
-the real `ssh` and `sftp` clients, with StrictHostKeyChecking=yes, must accept
-every session and the output service, and refuse a session's key after its
-time (shortened by the daemon's own re-signing, then served by a stand-in
-sshd that a thief would run) and any key without a certificate. A session's
+Users keep the `@cert-authority` lines of the start e-mail (one per port) and
+nothing else; the real `ssh` and `sftp` clients, with StrictHostKeyChecking=yes,
+must accept every session and the output service, and refuse a session's key
+after its time (shortened by the daemon's own re-signing, then served on its
+freed port by a stand-in sshd that a thief would run) and any key without a
+certificate (on other ports: test_host_certificate_ports.py). A session's
 root must find neither the CA's private key nor another session's host key,
 and a host user cannot bind the default ports at all.
 """
@@ -152,7 +153,7 @@ def stand_in_sshd(harness: DockerHarness, folder: Path, port: int, certified: bo
     pytest.fail(f"the stand-in sshd did not answer: {container.logs().decode()}")
 
 
-def test_one_line_trusts_every_session_and_the_service_and_nothing_after_its_time(
+def test_the_lines_trust_every_session_and_the_service_and_nothing_after_its_time(
     site: Site, docker_harness: DockerHarness, tmp_path: Path
 ) -> None:
     runtime = site.runtime()
@@ -161,15 +162,19 @@ def test_one_line_trusts_every_session_and_the_service_and_nothing_after_its_tim
     service = OutputService(site.config, runtime)
     service.ensure_running()
 
-    # the one line users are given, and nothing else
+    # the lines users are given, one per port, and nothing else
     _, body = start_message(
         alice, "127.0.0.1", "UTC", details=start_details(site.config, alice, "127.0.0.1")
     )
     lines = [line.strip() for line in body.splitlines() if "@cert-authority" in line]
-    assert len(lines) == 1 and f"[{site.config.daemon.host}]:*" in lines[0]
-    assert " ssh-ed25519 " not in body.replace(lines[0], "")  # no shared keys any more
+    assert len(lines) == len(site.config.host().ssh_ports) + 1
+    assert f"[{site.config.daemon.host}]:{alice.ssh_port}," in lines[0] + lines[1]
+    rest = body
+    for line in lines:
+        rest = rest.replace(line, "")
+    assert " ssh-ed25519 " not in rest  # no shared keys any more
     known_hosts = tmp_path / "known_hosts"
-    known_hosts.write_text(lines[0] + "\n")
+    known_hosts.write_text("".join(line + "\n" for line in lines))
 
     for session in (alice, bob):
         result = openssh(site, known_hosts, session.ssh_port, session.user)
@@ -197,7 +202,11 @@ def test_one_line_trusts_every_session_and_the_service_and_nothing_after_its_tim
     stolen = tmp_path / "stolen"
     shutil.copytree(key_folder(site, alice), stolen)
     runtime.stop(alice.key, grace=timedelta(seconds=1))
-    port = privileged_block(1)  # a port only root could take, as the thief must be
+    # her own port, freed: only root could take it, as the thief must be
+    port = alice.ssh_port
+    deadline = time.monotonic() + 30
+    while not port_free(port) and time.monotonic() < deadline:
+        time.sleep(0.5)
     thief = stand_in_sshd(docker_harness, stolen, port, certified=True)
     assert refused(openssh(site, known_hosts, port))
     thief.remove(force=True)
@@ -222,8 +231,11 @@ def test_a_session_holds_neither_the_ca_key_nor_another_sessions_host_key(site: 
     alice = runtime.start(site.spec(runtime, "alice"))
     bob = runtime.start(site.spec(runtime, "bob"))
     ca = HostCA(site.config)
-    ca_public = ca.public_line().split()[1]
-    ca_private = (site.config.daemon.state_dir / "host-ca" / "ca_ed25519").read_text()
+    ca_publics = {ca.public_line(port).split()[1] for port in ca.ports()}
+    # her own port's CA, the one she would most want
+    ca_private = (
+        site.config.daemon.state_dir / "host-ca" / f"port-{alice.ssh_port}_ed25519"
+    ).read_text()
     # the key's body after its header and public half: random bytes of this key alone
     secret_lines = [line for line in ca_private.splitlines()[3:] if len(line) >= 60]
     assert secret_lines
@@ -243,7 +255,7 @@ def test_a_session_holds_neither_the_ca_key_nor_another_sessions_host_key(site: 
             "--exclude-dir=sys --exclude-dir=dev; echo searched",
         )
     assert alice_public in found  # the search finds keys: its own host key
-    assert ca_public not in found
+    assert not any(public in found for public in ca_publics)
     assert bob_public not in found
     assert raw.strip() == "searched"
 

@@ -14,12 +14,13 @@ import sys
 import tempfile
 import textwrap
 import threading
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from conftest import RUN_ID, DockerHarness
+from conftest import DockerHarness
 from support.waiting import wait_for
 from test_daemon_cli import ics_event, write_ics_config
 
@@ -309,8 +310,10 @@ def write_suite_conftest(suite: Path) -> None:
     )
 
 
-def test_a_run_that_leaves_a_mount_fails_and_names_it(tmp_path: Path) -> None:
-    """A run of one test that mounts a tmpfs and leaves it: the check fails the run."""
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one-process", "xdist"])
+def test_a_run_that_leaves_a_mount_fails_and_names_it(tmp_path: Path, workers: list[str]) -> None:
+    """A run of one test that mounts a tmpfs and leaves it: the check fails the run (made
+    in a worker of pytest-xdist, it is the controller's check that sees it)."""
     suite = tmp_path / "suite"
     suite.mkdir()
     write_suite_conftest(suite)
@@ -323,7 +326,7 @@ def test_a_run_that_leaves_a_mount_fails_and_names_it(tmp_path: Path) -> None:
     )
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(suite)],
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers, str(suite)],
             capture_output=True, text=True, timeout=120, cwd=suite,
         )  # fmt: skip
     finally:
@@ -359,7 +362,7 @@ def namespaces(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str]]:
     process holds (someone's live container); removed afterwards."""
     # both are made now; the age that protects one being set up is not what is tested here
     monkeypatch.setattr(host_holds, "NETNS_MIN_AGE", 0.0)
-    names = (f"gpuresa-left-{RUN_ID}", f"gpuresa-live-{RUN_ID}")
+    names = (f"netns-{uuid.uuid4()}", f"netns-{uuid.uuid4()}")  # named as Podman names them
     for name in names:
         subprocess.run(["ip", "netns", "add", name], check=True)
     holder = subprocess.Popen(["ip", "netns", "exec", names[1], "sleep", "300"])
@@ -382,7 +385,13 @@ def test_a_namespace_no_process_is_in_is_released_and_a_live_one_never(
     config: Config, namespaces: tuple[str, str]
 ) -> None:
     left, live = namespaces
-    _, released = release(config, [], everything=True)
+    admins = f"admin-{uuid.uuid4().hex[:8]}"  # an admin's own, empty: not Podman's
+    subprocess.run(["ip", "netns", "add", admins], check=True)
+    try:
+        _, released = release(config, [], everything=True)
+        assert (host_holds.NETNS_FOLDER / admins).exists()
+    finally:
+        subprocess.run(["ip", "netns", "delete", admins], check=False)
     assert f"netns {left}" in map(str, released)
     assert f"netns {live}" not in map(str, released)
     assert not (host_holds.NETNS_FOLDER / left).exists()

@@ -18,12 +18,12 @@ import shlex
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
+from support.waiting import wait_for
 from test_isolation_output import as_user
 from test_runtime import (  # noqa: F401  (the fixtures `built` and `site`)
     Site,
@@ -113,15 +113,16 @@ def serve_results(site: Site, session: Session, address: str) -> None:
     runtime.engine.execute_detached(
         session_name(site.config.daemon.host, session.key), ["sh", "-c", script], session.key
     )
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
+
+    def listens() -> bool:
         try:
             # as root, as the daemon's own checks are: always let through
             with socket.create_connection((address, SERVED_PORT), timeout=2):
-                return
+                return True
         except OSError:
-            time.sleep(0.2)
-    raise AssertionError(f"the server in the session never listened on {address}")
+            return False
+
+    wait_for(listens, 20, f"the server in the session to listen on {address}", every=0.2)
 
 
 def test_host_accounts_reach_no_session_address_but_what_is_published(

@@ -113,14 +113,14 @@ def test_read_only_needs_an_existing_journal(tmp_path: Path) -> None:
 
 
 def test_a_transition_is_recorded_only_when_the_state_changes(journal: Journal) -> None:
-    assert journal.state("r1") is None
-    assert journal.set_state("r1", "booked", NOW) is True
-    assert journal.set_state("r1", "booked", NOW + timedelta(seconds=30)) is False
-    assert journal.set_state("r1", "preparing", NOW + timedelta(minutes=1), "image present")
-    assert journal.state("r1") == "preparing"
-    assert journal.state_since("r1") == NOW + timedelta(minutes=1)
-    assert journal.states() == {"r1": "preparing"}
-    entries = journal.history()
+    assert journal.states.get("r1") is None
+    assert journal.states.set("r1", "booked", NOW) is True
+    assert journal.states.set("r1", "booked", NOW + timedelta(seconds=30)) is False
+    assert journal.states.set("r1", "preparing", NOW + timedelta(minutes=1), "image present")
+    assert journal.states.get("r1") == "preparing"
+    assert journal.states.since("r1") == NOW + timedelta(minutes=1)
+    assert journal.states.all() == {"r1": "preparing"}
+    entries = journal.history.entries()
     assert [(entry.kind, entry.what, entry.detail) for entry in entries] == [
         ("state", "(new) → booked", ""),
         ("state", "booked → preparing", "image present"),
@@ -129,40 +129,44 @@ def test_a_transition_is_recorded_only_when_the_state_changes(journal: Journal) 
 
 def test_unknown_states_and_results_are_programming_errors(journal: Journal) -> None:
     with pytest.raises(ValueError, match="unknown lifecycle state 'runing'"):
-        journal.set_state("r1", "runing", NOW)
+        journal.states.set("r1", "runing", NOW)
     with pytest.raises(ValueError, match="'ok' or 'failed'"):
-        journal.record_action("r1", "start", NOW, "done")
-    assert journal.history() == []
+        journal.history.record_action("r1", "start", NOW, "done")
+    assert journal.history.entries() == []
 
 
 def test_a_notice_is_claimed_once_even_after_reopening(tmp_path: Path) -> None:
     path = tmp_path / "journal.sqlite"
     with Journal(path) as journal:
-        assert journal.mark_notified("r1", "start", NOW) is True
-        assert journal.mark_notified("r1", "start", NOW) is False
-        assert journal.mark_notified("r1", "warning-900", NOW) is True
-        assert journal.mark_notified("r2", "start", NOW) is True
+        assert journal.notices.claim("r1", "start", NOW) is True
+        assert journal.notices.claim("r1", "start", NOW) is False
+        assert journal.notices.claim("r1", "warning-900", NOW) is True
+        assert journal.notices.claim("r2", "start", NOW) is True
     # a restarted daemon: the same notices are not sent again
     with Journal(path) as journal:
-        assert journal.mark_notified("r1", "start", NOW + timedelta(minutes=5)) is False
-        assert journal.mark_notified("r1", "warning-900", NOW) is False
-        assert journal.mark_notified("r1", "warning-300", NOW) is True
-        assert journal.notified("r1") == {"start": NOW, "warning-900": NOW, "warning-300": NOW}
+        assert journal.notices.claim("r1", "start", NOW + timedelta(minutes=5)) is False
+        assert journal.notices.claim("r1", "warning-900", NOW) is False
+        assert journal.notices.claim("r1", "warning-300", NOW) is True
+        assert journal.notices.claimed("r1") == {
+            "start": NOW,
+            "warning-900": NOW,
+            "warning-300": NOW,
+        }
 
 
 def test_a_claim_can_be_forgotten_so_a_failed_notice_is_sent_again(tmp_path: Path) -> None:
     path = tmp_path / "journal.sqlite"
     with Journal(path) as journal:
-        assert journal.mark_notified("r1", "start", NOW) is True
-        assert journal.mark_notified("r1", "end", NOW) is True
-        journal.unmark_notified("r1", "start")  # the e-mail could not be sent
-        journal.unmark_notified("r1", "never-claimed")  # nothing to forget: no error
-        assert journal.notified("r1") == {"end": NOW}
+        assert journal.notices.claim("r1", "start", NOW) is True
+        assert journal.notices.claim("r1", "end", NOW) is True
+        journal.notices.release("r1", "start")  # the e-mail could not be sent
+        journal.notices.release("r1", "never-claimed")  # nothing to forget: no error
+        assert journal.notices.claimed("r1") == {"end": NOW}
     # forgotten for good: a restarted daemon claims it again, and only that one
     with Journal(path) as journal:
-        assert journal.mark_notified("r1", "start", NOW + timedelta(minutes=1)) is True
-        assert journal.mark_notified("r1", "end", NOW) is False
-        assert journal.mark_notified("r1", "start", NOW) is False
+        assert journal.notices.claim("r1", "start", NOW + timedelta(minutes=1)) is True
+        assert journal.notices.claim("r1", "end", NOW) is False
+        assert journal.notices.claim("r1", "start", NOW) is False
 
 
 def test_rejection_notice_kind_follows_the_reason() -> None:
@@ -181,29 +185,29 @@ def test_reservations_round_trip_and_keep_their_first_sight(journal: Journal) ->
         start=datetime(2024, 5, 3, 15, 0, tzinfo=PARIS_SUMMER),
         end=datetime(2024, 5, 3, 17, 30, tzinfo=PARIS_SUMMER),
     )
-    journal.record_reservations([original], [], NOW)
-    stored = journal.reservation("r1")
+    journal.reservations.record([original], [], NOW)
+    stored = journal.reservations.get("r1")
     assert stored == original
     assert stored is not None and stored.start.tzinfo is UTC and stored.end.tzinfo is UTC
     assert stored.start == datetime(2024, 5, 3, 13, 0, tzinfo=UTC)
     moved = replace(original, end=original.end + timedelta(hours=1), gpus=1)
-    journal.record_reservations([moved], [], NOW + timedelta(minutes=1))
-    assert journal.reservation("r1") == moved
-    assert journal.reservation("unknown") is None
-    assert journal.reservations() == [moved]
-    assert journal.reservations(ending_after=moved.end) == []
+    journal.reservations.record([moved], [], NOW + timedelta(minutes=1))
+    assert journal.reservations.get("r1") == moved
+    assert journal.reservations.get("unknown") is None
+    assert journal.reservations.all() == [moved]
+    assert journal.reservations.all(ending_after=moved.end) == []
 
 
 def test_only_new_or_changed_rejections_are_returned(journal: Journal) -> None:
     first = rejection(reason="unknown template 'tf'")
-    assert journal.record_reservations([], [first], NOW) == [first]
+    assert journal.reservations.record([], [first], NOW) == [first]
     # the next polls see the same rejection: nothing to announce
-    assert journal.record_reservations([], [first], NOW + timedelta(seconds=30)) == []
-    assert journal.record_reservations([], [first], NOW + timedelta(seconds=60)) == []
+    assert journal.reservations.record([], [first], NOW + timedelta(seconds=30)) == []
+    assert journal.reservations.record([], [first], NOW + timedelta(seconds=60)) == []
     # the user edits the booking and gets another reason: announce it
     second = rejection(reason="more GPUs than gpu1 has (8 > 4)")
-    assert journal.record_reservations([], [second], NOW + timedelta(minutes=2)) == [second]
-    [record] = journal.rejections()
+    assert journal.reservations.record([], [second], NOW + timedelta(minutes=2)) == [second]
+    [record] = journal.reservations.rejections()
     assert record.rejection == second
     assert record.first_seen == NOW
     assert record.last_seen == NOW + timedelta(minutes=2)
@@ -211,11 +215,11 @@ def test_only_new_or_changed_rejections_are_returned(journal: Journal) -> None:
 
 
 def test_a_fixed_booking_is_no_longer_rejected(journal: Journal) -> None:
-    journal.record_reservations([], [rejection(key="k")], NOW)
-    journal.record_reservations([reservation(key="k", user="bob")], [], NOW + timedelta(minutes=1))
-    assert journal.rejections() == []
+    journal.reservations.record([], [rejection(key="k")], NOW)
+    journal.reservations.record([reservation(key="k", user="bob")], [], NOW + timedelta(minutes=1))
+    assert journal.reservations.rejections() == []
     # broken again, for the same reason: a new rejection to announce
-    assert journal.record_reservations([], [rejection(key="k")], NOW + timedelta(minutes=2)) == [
+    assert journal.reservations.record([], [rejection(key="k")], NOW + timedelta(minutes=2)) == [
         rejection(key="k")
     ]
 
@@ -223,88 +227,90 @@ def test_a_fixed_booking_is_no_longer_rejected(journal: Journal) -> None:
 def test_rejections_can_be_limited_to_those_not_over(journal: Journal) -> None:
     past = replace(rejection(key="old"), start=NOW - timedelta(days=2), end=NOW - timedelta(days=1))
     undated = replace(rejection(key="undated"), start=None, end=None)
-    journal.record_reservations([], [past, rejection(key="soon"), undated], NOW)
-    keys = [record.rejection.key for record in journal.rejections(ending_after=NOW)]
+    journal.reservations.record([], [past, rejection(key="soon"), undated], NOW)
+    keys = [record.rejection.key for record in journal.reservations.rejections(ending_after=NOW)]
     assert sorted(keys) == ["soon", "undated"]
-    assert len(journal.rejections()) == 3
+    assert len(journal.reservations.rejections()) == 3
 
 
 # --- history --------------------------------------------------------------------------------
 
 
 def test_history_per_user_newest_last(journal: Journal) -> None:
-    journal.record_reservations(
+    journal.reservations.record(
         [reservation("a1", "alice"), reservation("b1", "bob")], [rejection("x1", user="carol")], NOW
     )
-    journal.set_state("a1", "booked", NOW)
-    journal.set_state("b1", "booked", NOW + timedelta(seconds=1))
-    journal.record_action("a1", "start", NOW + timedelta(minutes=1), "ok")
-    journal.set_state("a1", "running", NOW + timedelta(minutes=1))
-    journal.record_action("b1", "start", NOW + timedelta(minutes=2), "failed", "no GPU free")
-    journal.set_state("x1", "rejected", NOW + timedelta(minutes=3), "unknown template 'tf'")
-    journal.set_state("orphan", "stopping", NOW + timedelta(minutes=4))
+    journal.states.set("a1", "booked", NOW)
+    journal.states.set("b1", "booked", NOW + timedelta(seconds=1))
+    journal.history.record_action("a1", "start", NOW + timedelta(minutes=1), "ok")
+    journal.states.set("a1", "running", NOW + timedelta(minutes=1))
+    journal.history.record_action(
+        "b1", "start", NOW + timedelta(minutes=2), "failed", "no GPU free"
+    )
+    journal.states.set("x1", "rejected", NOW + timedelta(minutes=3), "unknown template 'tf'")
+    journal.states.set("orphan", "stopping", NOW + timedelta(minutes=4))
 
-    alice = journal.history(user="alice")
+    alice = journal.history.entries(user="alice")
     assert [(entry.key, entry.what) for entry in alice] == [
         ("a1", "(new) → booked"),
         ("a1", "start: ok"),
         ("a1", "booked → running"),
     ]
     assert {entry.user for entry in alice} == {"alice"}
-    [failed] = [entry for entry in journal.history(user="bob") if entry.kind == "action"]
+    [failed] = [entry for entry in journal.history.entries(user="bob") if entry.kind == "action"]
     assert (failed.what, failed.detail, failed.at) == (
         "start: failed",
         "no GPU free",
         NOW + timedelta(minutes=2),
     )
     # a rejected booking's user comes from the rejection
-    assert [entry.key for entry in journal.history(user="carol")] == ["x1"]
-    everything = journal.history()
+    assert [entry.key for entry in journal.history.entries(user="carol")] == ["x1"]
+    everything = journal.history.entries()
     assert [entry.at for entry in everything] == sorted(entry.at for entry in everything)
     assert everything[-1].key == "orphan" and everything[-1].user is None
     # the limit keeps the newest
-    assert [entry.key for entry in journal.history(limit=2)] == ["x1", "orphan"]
+    assert [entry.key for entry in journal.history.entries(limit=2)] == ["x1", "orphan"]
 
 
 # --- calendars and meta ---------------------------------------------------------------------
 
 
 def test_calendar_freshness_keeps_the_last_success_across_errors(journal: Journal) -> None:
-    journal.record_calendar("gpu1", NOW, None, NOW)
-    journal.record_calendar(
+    journal.calendars.record("gpu1", NOW, None, NOW)
+    journal.calendars.record(
         "gpu1", None, "HTTP 503 from calendar.example.org", NOW + timedelta(minutes=1)
     )
-    status = journal.calendars()["gpu1"]
+    status = journal.calendars.all()["gpu1"]
     assert status.last_success == NOW
     assert status.last_error == "HTTP 503 from calendar.example.org"
     assert status.checked_at == NOW + timedelta(minutes=1)
-    journal.record_calendar("gpu1", NOW + timedelta(minutes=2), None, NOW + timedelta(minutes=2))
-    status = journal.calendars()["gpu1"]
+    journal.calendars.record("gpu1", NOW + timedelta(minutes=2), None, NOW + timedelta(minutes=2))
+    status = journal.calendars.all()["gpu1"]
     assert (status.last_success, status.last_error) == (NOW + timedelta(minutes=2), None)
 
 
 def test_meta_holds_small_facts(journal: Journal) -> None:
-    assert journal.get_meta("pid") is None
-    journal.set_meta("pid", "1234")
-    journal.set_meta("pid", "5678")
-    assert journal.get_meta("pid") == "5678"
-    journal.delete_meta("pid")
-    journal.delete_meta("never-set")
-    assert journal.get_meta("pid") is None
+    assert journal.facts.get("pid") is None
+    journal.facts.set("pid", "1234")
+    journal.facts.set("pid", "5678")
+    assert journal.facts.get("pid") == "5678"
+    journal.facts.delete("pid")
+    journal.facts.delete("never-set")
+    assert journal.facts.get("pid") is None
 
 
 def test_meta_by_prefix_gives_the_rest_of_each_name(journal: Journal) -> None:
-    journal.set_meta("missing:r1", "2024-05-03T12:00:00+00:00")
-    journal.set_meta("missing:r2@20240503", "")
-    journal.set_meta("missingno", "not under the prefix")
+    journal.facts.set("missing:r1", "2024-05-03T12:00:00+00:00")
+    journal.facts.set("missing:r2@20240503", "")
+    journal.facts.set("missingno", "not under the prefix")
     # LIKE wildcards in a prefix are taken literally
-    journal.set_meta("a%b:x", "1")
-    journal.set_meta("aXb:y", "2")
-    assert journal.meta_with_prefix("missing:") == {
+    journal.facts.set("a%b:x", "1")
+    journal.facts.set("aXb:y", "2")
+    assert journal.facts.with_prefix("missing:") == {
         "r1": "2024-05-03T12:00:00+00:00",
         "r2@20240503": "",
     }
-    assert journal.meta_with_prefix("a%b:") == {"x": "1"}
+    assert journal.facts.with_prefix("a%b:") == {"x": "1"}
 
 
 # --- time --------------------------------------------------------------------------------
@@ -312,7 +318,7 @@ def test_meta_by_prefix_gives_the_rest_of_each_name(journal: Journal) -> None:
 
 def test_naive_datetimes_are_refused(journal: Journal) -> None:
     with pytest.raises(ValueError, match="naive datetime"):
-        journal.set_state("r1", "booked", datetime(2024, 5, 3, 12, 0))
+        journal.states.set("r1", "booked", datetime(2024, 5, 3, 12, 0))
 
 
 @given(
@@ -335,17 +341,17 @@ def test_stored_instants_round_trip_and_sort_as_text(first: datetime, second: da
 
 
 def test_another_process_reads_what_the_daemon_committed(journal: Journal) -> None:
-    journal.record_reservations([reservation()], [], NOW)
-    journal.set_state("r1", "running", NOW)
-    journal.record_calendar("gpu1", NOW, None, NOW)
+    journal.reservations.record([reservation()], [], NOW)
+    journal.states.set("r1", "running", NOW)
+    journal.calendars.record("gpu1", NOW, None, NOW)
     script = (
         "import json, sys\n"
         "from pathlib import Path\n"
         "from gpuresa.journal.store import Journal\n"
         "with Journal(Path(sys.argv[1]), read_only=True) as journal:\n"
-        "    print(json.dumps({'states': journal.states(),\n"
-        "        'calendar': journal.calendars()['gpu1'].last_success.isoformat(),\n"
-        "        'user': journal.reservation('r1').user}))\n"
+        "    print(json.dumps({'states': journal.states.all(),\n"
+        "        'calendar': journal.calendars.all()['gpu1'].last_success.isoformat(),\n"
+        "        'user': journal.reservations.get('r1').user}))\n"
     )
     # the daemon's connection stays open meanwhile, as in production
     output = subprocess.run(
@@ -363,7 +369,7 @@ def test_another_process_reads_what_the_daemon_committed(journal: Journal) -> No
 
 
 def test_a_reader_is_not_blocked_by_a_writer_in_progress(journal: Journal) -> None:
-    journal.set_state("r1", "booked", NOW)
+    journal.states.set("r1", "booked", NOW)
     writer = sqlite3.connect(journal.path, isolation_level=None)
     writer.execute("BEGIN IMMEDIATE")
     writer.execute("UPDATE states SET state = 'running' WHERE key = 'r1'")
@@ -371,13 +377,13 @@ def test_a_reader_is_not_blocked_by_a_writer_in_progress(journal: Journal) -> No
         started = time.monotonic()
         with Journal(journal.path, read_only=True) as reader:
             # sees the last committed state, at once
-            assert reader.states() == {"r1": "booked"}
+            assert reader.states.all() == {"r1": "booked"}
         assert time.monotonic() - started < 2
     finally:
         writer.execute("COMMIT")
         writer.close()
     with Journal(journal.path, read_only=True) as reader:
-        assert reader.states() == {"r1": "running"}
+        assert reader.states.all() == {"r1": "running"}
 
 
 def test_threads_share_one_journal(journal: Journal) -> None:
@@ -387,10 +393,10 @@ def test_threads_share_one_journal(journal: Journal) -> None:
         try:
             for step in range(20):
                 at = NOW + timedelta(seconds=step)
-                journal.record_action(f"t{index}", "poll", at, "ok")
-                journal.mark_notified(f"t{index}", f"kind-{step % 5}", at)
-                journal.set_state(f"t{index}", "running" if step % 2 else "booked", at)
-                journal.history(limit=5)
+                journal.history.record_action(f"t{index}", "poll", at, "ok")
+                journal.notices.claim(f"t{index}", f"kind-{step % 5}", at)
+                journal.states.set(f"t{index}", "running" if step % 2 else "booked", at)
+                journal.history.entries(limit=5)
         except BaseException as error:  # reported below, on the test's thread
             errors.append(error)
 
@@ -400,5 +406,5 @@ def test_threads_share_one_journal(journal: Journal) -> None:
     for thread in threads:
         thread.join(30)
     assert errors == []
-    assert len(journal.history(limit=10_000)) == 8 * (20 + 20)
-    assert all(len(journal.notified(f"t{index}")) == 5 for index in range(8))
+    assert len(journal.history.entries(limit=10_000)) == 8 * (20 + 20)
+    assert all(len(journal.notices.claimed(f"t{index}")) == 5 for index in range(8))

@@ -85,8 +85,8 @@ def test_a_full_disk_then_a_broken_file_make_every_call_fall_back(
 ) -> None:
     journal, problem = open_journal(tiny_disk / "state" / "journal.sqlite")
     assert problem is None
-    journal.set_state("r1", "running", NOW)
-    journal.record_reservations([reservation("r1")], [], NOW)
+    journal.states.set("r1", "running", NOW)
+    journal.reservations.record([reservation("r1")], [], NOW)
     # fill the disk
     with (tiny_disk / "filler").open("wb") as filler:
         try:
@@ -97,16 +97,16 @@ def test_a_full_disk_then_a_broken_file_make_every_call_fall_back(
             pass
     history = "x" * 200_000
     # writes fail (the disk is full) and fall back, nothing raises
-    assert journal.set_state("r1", "stopping", NOW, history) is False
-    journal.record_action("r1", "stop", NOW, "ok", history)
-    assert journal.mark_notified("r1", "end" + history, NOW) is True
+    assert journal.states.set("r1", "stopping", NOW, history) is False
+    journal.history.record_action("r1", "stop", NOW, "ok", history)
+    assert journal.notices.claim("r1", "end" + history, NOW) is True
     # r1's rows are old enough to go, but the deletion needs room too: none deleted
     later = NOW + timedelta(days=3)
     with caplog.at_level(logging.ERROR, logger="gpuresa.journal.guard"):
         assert journal.trim(later, timedelta(days=1)) == 0
     assert "journal trim failed (database or disk is full)" in caplog.text
     # reads still work
-    assert journal.state("r1") == "running"
+    assert journal.states.get("r1") == "running"
     # now the file itself breaks: reads fail too and fall back
     (tiny_disk / "filler").unlink()
     # with room again, the same trim deletes them: r1's reservation, state and event
@@ -115,22 +115,22 @@ def test_a_full_disk_then_a_broken_file_make_every_call_fall_back(
     Path(f"{journal.path}-wal").write_bytes(b"")
     shm = Path(f"{journal.path}-shm")
     shm.write_bytes(b"\0" * shm.stat().st_size)
-    assert journal.state("r1") is None
-    assert journal.states() == {}
-    assert journal.reservations() == []
-    assert journal.rejections() == []
-    assert journal.reservation("r1") is None
-    assert journal.first_seen_times() == {}
-    assert journal.history() == []
-    assert journal.notified("r1") == {}
-    assert journal.calendars() == {}
-    assert journal.get_meta("daemon_pid") is None
-    assert journal.meta_with_prefix("missing:") == {}
-    assert journal.record_reservations([reservation("r2")], [rejection("x")], NOW) == []
-    journal.set_meta("a", "b")
-    journal.delete_meta("a")
-    journal.unmark_notified("r1", "end")
-    journal.record_calendar("gpu1", NOW, None, NOW)
+    assert journal.states.get("r1") is None
+    assert journal.states.all() == {}
+    assert journal.reservations.all() == []
+    assert journal.reservations.rejections() == []
+    assert journal.reservations.get("r1") is None
+    assert journal.reservations.first_seen_times() == {}
+    assert journal.history.entries() == []
+    assert journal.notices.claimed("r1") == {}
+    assert journal.calendars.all() == {}
+    assert journal.facts.get("daemon_pid") is None
+    assert journal.facts.with_prefix("missing:") == {}
+    assert journal.reservations.record([reservation("r2")], [rejection("x")], NOW) == []
+    journal.facts.set("a", "b")
+    journal.facts.delete("a")
+    journal.notices.release("r1", "end")
+    journal.calendars.record("gpu1", NOW, None, NOW)
     # the outbox keeps the message in memory and still counts it
     outbox = Outbox(journal, Notifier(NotifyConfig(), UsersConfig()))
     assert outbox.enqueue("r1", "end", "alice@example.org", "ended", "body")
@@ -145,8 +145,8 @@ def test_with_no_room_for_a_journal_the_daemon_runs_on_one_in_memory(tiny_disk: 
     subprocess.run(["mount", "-o", "remount,ro", str(tiny_disk)], check=True)
     journal, problem = open_journal(folder / "journal.sqlite")
     assert problem is not None and "kept in memory" in problem
-    assert journal.set_state("r1", "running", NOW)
-    assert journal.state("r1") == "running"
+    assert journal.states.set("r1", "running", NOW)
+    assert journal.states.get("r1") == "running"
     journal.close()
 
 
@@ -181,9 +181,9 @@ def test_a_damaged_journal_is_moved_aside_and_a_fresh_one_made(tmp_path: Path, d
     assert problem is not None and str(aside) in problem
     assert aside.read_bytes() == before
     # the fresh one works
-    assert journal.set_state("r1", "booked", NOW)
+    assert journal.states.set("r1", "booked", NOW)
     journal.close()
-    assert Journal(path).state("r1") == "booked"
+    assert Journal(path).states.get("r1") == "booked"
 
 
 def test_a_journal_from_a_newer_gpuresa_is_never_moved(tmp_path: Path) -> None:
@@ -234,7 +234,7 @@ def test_the_journal_and_its_folder_are_for_root_only(tmp_path: Path) -> None:
         Path(f"{path}{companion}").touch()
         Path(f"{path}{companion}").chmod(0o666)
     journal = GuardedJournal(path)
-    journal.set_state("r1", "booked", NOW)
+    journal.states.set("r1", "booked", NOW)
     assert mode(folder) == 0o700
     for file in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
         assert mode(file) == 0o600, file
@@ -248,29 +248,29 @@ def test_trim_forgets_what_is_older_than_the_retention(tmp_path: Path) -> None:
     journal = Journal(tmp_path / "journal.sqlite")
     old = NOW - timedelta(days=200)
     ended = reservation("old", start=old, end=old + timedelta(hours=2))
-    journal.record_reservations([ended], [rejection("old-x", start=old, end=old)], old)
-    journal.set_state("old", "ended", old)
-    journal.mark_notified("old", "end", old)
-    assert journal.outbox_add("old", "warning", "a@example.org", "s", "b", False, old)
-    [message] = journal.outbox_unsent()
-    journal.outbox_sent(message.id, old)
-    assert journal.outbox_add("old", "unsent", "a@example.org", "s", "b", False, old)
+    journal.reservations.record([ended], [rejection("old-x", start=old, end=old)], old)
+    journal.states.set("old", "ended", old)
+    journal.notices.claim("old", "end", old)
+    assert journal.outbox.add("old", "warning", "a@example.org", "s", "b", False, old)
+    [message] = journal.outbox.unsent()
+    journal.outbox.mark_sent(message.id, old)
+    assert journal.outbox.add("old", "unsent", "a@example.org", "s", "b", False, old)
     # recent things stay
-    journal.record_reservations([reservation("new")], [rejection("new-x")], NOW)
-    journal.set_state("new", "booked", NOW)
-    journal.mark_notified("new", "start", NOW)
+    journal.reservations.record([reservation("new")], [rejection("new-x")], NOW)
+    journal.states.set("new", "booked", NOW)
+    journal.notices.claim("new", "start", NOW)
 
     deleted = journal.trim(NOW, timedelta(days=180))
     # the old state change, the old notices ("end", and "warning" claimed when sent), the
     # old rejection, reservation and state, the sent outbox message
     assert deleted == 7
-    assert [item.key for item in journal.reservations()] == ["new"]
-    assert [item.rejection.key for item in journal.rejections()] == ["new-x"]
-    assert journal.states() == {"new": "booked"}
-    assert [entry.key for entry in journal.history()] == ["new"]
-    assert journal.notified("old") == {} and "start" in journal.notified("new")
+    assert [item.key for item in journal.reservations.all()] == ["new"]
+    assert [item.rejection.key for item in journal.reservations.rejections()] == ["new-x"]
+    assert journal.states.all() == {"new": "booked"}
+    assert [entry.key for entry in journal.history.entries()] == ["new"]
+    assert journal.notices.claimed("old") == {} and "start" in journal.notices.claimed("new")
     # an e-mail never sent is kept (give_up_after drops it, not the retention)
-    assert [item.kind for item in journal.outbox_unsent()] == ["unsent"]
+    assert [item.kind for item in journal.outbox.unsent()] == ["unsent"]
     with pytest.raises(ValueError):
         journal.trim(NOW, timedelta(0))
     journal.close()
@@ -283,10 +283,10 @@ def test_first_sight_spans_reservations_and_rejections(tmp_path: Path) -> None:
     journal = Journal(tmp_path / "journal.sqlite")
     later = NOW + timedelta(hours=1)
     # "a" was rejected first, then fixed; "b" was a reservation, then rejected
-    journal.record_reservations([reservation("b")], [rejection("a")], NOW)
-    journal.record_reservations([reservation("a")], [rejection("b")], later)
-    journal.record_reservations([reservation("c")], [], later + timedelta(hours=1))
-    assert journal.first_seen_times() == {
+    journal.reservations.record([reservation("b")], [rejection("a")], NOW)
+    journal.reservations.record([reservation("a")], [rejection("b")], later)
+    journal.reservations.record([reservation("c")], [], later + timedelta(hours=1))
+    assert journal.reservations.first_seen_times() == {
         "a": NOW,
         "b": NOW,
         "c": later + timedelta(hours=1),

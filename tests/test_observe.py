@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import html
 import shutil
 import subprocess
 import urllib.request
@@ -10,6 +11,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 from nvml_replay import RecordedNvml
@@ -22,7 +24,7 @@ from gpuresa.gpus.tracker import TrackerView
 from gpuresa.gpus.usage_store import SessionUse
 from gpuresa.model import Rejection, Reservation, Session
 from gpuresa.observe.jobmap import write_job_mapping
-from gpuresa.observe.page import COLOURS
+from gpuresa.observe.page import COLOURS, render_page
 from gpuresa.observe.server import ObservationServer
 from gpuresa.observe.state import CalendarView, Counters, Published, build_state
 
@@ -35,7 +37,8 @@ RECORDED = Telemetry("nvml", nvml=RecordedNvml("busy")).sample(NOW).gpus[0]
 def session(key: str, gpus: tuple[int, ...], start: datetime, end: datetime) -> Session:
     return Session(
         key=key, user="alice" if key == "run-1" else "bob", host="gpu1", template="pytorch",
-        cuda=None, gpus=gpus, start=start, end=end, ssh_port=20001, ftp_port=21001,
+        cuda=None,
+        gpu_count=len(gpus), gpu_indices=gpus, start=start, end=end, ssh_port=20001, ftp_port=21001,
         ftp_passive_first=22000, ftp_passive_last=22009, state="running",
         output_dir=Path("/srv/out"), ftp_user="ftp-secret-user", ftp_password="s3cret-ftp-pass",
         email="alice@example.org",
@@ -148,6 +151,52 @@ def test_the_page_escapes_calendar_text_and_forbids_scripts(server: ObservationS
     with pytest.raises(urllib.error.HTTPError) as refused:
         fetch(server, "/../etc/passwd")
     assert refused.value.code == 404
+
+
+def test_the_page_says_how_long_each_gpu_stays_free_in_site_time() -> None:
+    # a booking whose login is markup: shown as text, never as HTML
+    forged = dataclasses.replace(
+        reservation("walk-1", NOW + timedelta(hours=4), 2), user="<b>mallory</b>"
+    )
+    state = build_state(
+        host="gpu1",
+        now=NOW,
+        sessions=[session("run-1", (0,), NOW - timedelta(hours=3), NOW + timedelta(hours=2))],
+        reservations=[forged],
+        host_gpus=(0, 1),
+    )
+    observation = ObservationServer("127.0.0.1:0", lambda: state, ZoneInfo("Europe/Paris"))
+    observation.start()
+    try:
+        page, _ = fetch(observation, "/")
+    finally:
+        observation.stop()
+    free = page[page.index("<h2>Free from now</h2>") : page.index("<h2>Sessions</h2>")]
+    # the booking follows alice's session on GPU 0, the lowest free then
+    held = (
+        "busy (alice, until 2026-11-23 13:00 CET), then free until 2026-11-23 15:00 CET "
+        "(<b>mallory</b>'s booking)"
+    )
+    assert f"<td>GPU 0</td><td>{html.escape(held, quote=True)}</td>" in free
+    assert "<td>GPU 1</td><td>free until further notice</td>" in free
+    assert "<b>" not in page
+
+
+def test_a_host_whose_scheduler_places_gpus_shows_a_count() -> None:
+    job = dataclasses.replace(
+        session("run-1", (), NOW - timedelta(hours=1), NOW + timedelta(hours=2)), gpu_count=1
+    )
+    state = build_state(host="gpu1", now=NOW, sessions=[job], host_gpus=(0, 1), places_gpus=True)
+    page = render_page(state, UTC)
+    free = page[page.index("<h2>Free from now</h2>") : page.index("<h2>Sessions</h2>")]
+    assert (
+        "<td>GPUs</td><td>1 of 2 GPU(s) free from 2026-11-23 10:00 UTC until 2026-11-23 12:00 UTC"
+        in free
+    )
+    assert (
+        "<td>GPUs</td><td>2 of 2 GPU(s) free from 2026-11-23 12:00 UTC until further notice" in free
+    )
+    assert "GPU 0" not in free  # the scheduler, not gpuresa, picks the devices
 
 
 def chromium(*arguments: str) -> subprocess.CompletedProcess[str]:

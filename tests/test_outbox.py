@@ -8,6 +8,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -55,8 +56,16 @@ def journal(tmp_path: Path) -> Iterator[Journal]:
         yield opened
 
 
+@dataclass(frozen=True)
+class SilentRelay:
+    """Where the relay listens, and the connections it took (open, never answered)."""
+
+    port: int
+    accepted: list[socket.socket]
+
+
 @pytest.fixture
-def silent_relay() -> Iterator[int]:
+def silent_relay() -> Iterator[SilentRelay]:
     """A relay that accepts TCP connections and never says a word (no SMTP greeting)."""
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
@@ -78,12 +87,20 @@ def silent_relay() -> Iterator[int]:
         thread = threading.Thread(target=accept, daemon=True)
         thread.start()
         try:
-            yield server.getsockname()[1]
+            yield SilentRelay(server.getsockname()[1], accepted)
         finally:
             stop.set()
             thread.join(2)
             for connection in accepted:
                 connection.close()
+
+
+def stopped(outbox: Outbox) -> None:
+    """Stop the outbox and wait for its worker to end: it sends nothing more after that."""
+    outbox.stop()
+    assert outbox._thread is not None
+    outbox._thread.join(10)
+    assert not outbox._thread.is_alive()
 
 
 def test_retry_delays_grow_then_stay_at_the_last() -> None:
@@ -100,17 +117,17 @@ def test_retry_delays_grow_then_stay_at_the_last() -> None:
 
 
 def test_a_relay_that_never_answers_delays_nothing_but_mail(
-    journal: Journal, silent_relay: int, smtp_server: SMTPServer
+    journal: Journal, silent_relay: SilentRelay, smtp_server: SMTPServer
 ) -> None:
     clock = Clock()
-    outbox = Outbox(journal, notifier(silent_relay), clock)
+    outbox = Outbox(journal, notifier(silent_relay.port), clock)
     outbox.start()
     began = time.monotonic()
     assert outbox.enqueue("r1", "start", "alice@example.org", "Your session", "ssh …")
     assert time.monotonic() - began < 0.5
     # the worker is now stuck in the SMTP greeting, for up to notify.timeout (3 s)
     wait_for(lambda: outbox._thread is not None and outbox.backlog() == 1, 5, "the send under way")
-    time.sleep(0.5)
+    wait_for(lambda: silent_relay.accepted, 5, "the worker's connection to the relay")
     began = time.monotonic()
     outbox.stop(timeout=1.0)
     assert time.monotonic() - began < 1.5
@@ -134,8 +151,7 @@ def test_a_relay_that_never_answers_delays_nothing_but_mail(
     assert message["Subject"] == "Your session" and message["To"] == "alice@example.org"
     wait_for(lambda: outbox.backlog() == 0, 15, "an empty outbox")
     assert outbox.sent("r1", "start")
-    outbox.stop()
-    time.sleep(0.3)
+    stopped(outbox)
     assert len(smtp_server.messages) == 1
 
 
@@ -164,8 +180,7 @@ def test_a_restart_sends_what_was_not_sent_and_nothing_twice(
     second.start()
     messages = smtp_server.wait_for(3)
     wait_for(lambda: second.backlog() == 0, 15, "an empty outbox")
-    second.stop()
-    time.sleep(0.5)
+    stopped(second)
     assert sorted(message["Subject"] for message in smtp_server.messages) == [
         "ended",
         "note",
@@ -187,10 +202,10 @@ def test_notices_are_deduplicated_by_key_and_kind(journal: Journal) -> None:
     assert outbox.backlog() == 5
     assert not outbox.sent("r1", "start")
     # a notice claimed before the outbox existed is not queued again
-    journal.mark_notified("r3", "end", START)
+    journal.notices.claim("r3", "end", START)
     assert not outbox.enqueue("r3", "end", "carol@example.org", "e", "b")
     # a withdrawn notice (new containers, new password) can be queued again
-    journal.unmark_notified("r1", "start")
+    journal.notices.release("r1", "start")
     assert outbox.enqueue("r1", "start", "alice@example.org", "new details", "b")
 
 
@@ -207,7 +222,7 @@ def test_a_message_failing_for_too_long_is_dropped_and_journaled(journal: Journa
     wait_for(lambda: outbox.backlog() == 0, 15, "an empty outbox")
     outbox.stop()
     assert not outbox.sent("r1", "end")
-    [entry] = [item for item in journal.history() if item.key == "r1"]
+    [entry] = [item for item in journal.history.entries() if item.key == "r1"]
     assert entry.what == "mail 'ended' dropped: failed"
     assert "notify.give_up_after" in entry.detail and "cannot reach" in entry.detail
 
@@ -220,7 +235,7 @@ def test_an_invalid_address_is_dropped_at_once(journal: Journal, smtp_server: SM
     smtp_server.wait_for(1)
     wait_for(lambda: outbox.backlog() == 0, 15, "an empty outbox")
     outbox.stop()
-    assert [item.detail for item in journal.history() if item.key == "r1"] == [
+    assert [item.detail for item in journal.history.entries() if item.key == "r1"] == [
         "not a valid e-mail address: not an address"
     ]
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from support.configs import config_of
+from support.waiting import wait_for
 from test_runtime import (  # noqa: F401  (the fixtures `images` and `docker_site`)
     Site,
     docker_site,
@@ -105,9 +106,10 @@ def test_a_session_killed_mid_write_leaves_an_output_for_its_owner(plain_site: S
     site = capped(plain_site)
     runtime = site.runtime()
     session = runtime.start(site.spec(runtime, "alice"))
+    partial = running_output(site, session) / "partial"
     with ssh_login(session, "alice", site.key("alice")) as client:
         client.exec_command("dd if=/dev/zero of=/output/partial bs=1M count=50")
-        time.sleep(1)
+        wait_for(lambda: partial.exists() and partial.stat().st_size > 0, 30, "the write")
     # the host goes away mid-write: containers killed, no stop, no hand-over
     for name in session.containers:
         site.client.api.remove_container(name, force=True)

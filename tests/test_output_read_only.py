@@ -13,13 +13,13 @@ import shutil
 import stat
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from support.waiting import wait_for
 
 import gpuresa.runtime  # noqa: F401  (first: outputs.handover alone imports in a cycle)
 from gpuresa.access import host_account
@@ -33,7 +33,7 @@ from gpuresa.outputs.owners import output_owner, prepare_login_folder, private_g
 # folders, plants hard links and symlinks to files outside, and writes, until told to stop
 MISCHIEF = r"""
 import os, sys, time
-outside, stop = sys.argv[1], sys.argv[2]
+outside, stop, rounds = sys.argv[1], sys.argv[2], sys.argv[3]
 number = 0
 while not os.path.exists(stop):
     number += 1
@@ -50,6 +50,8 @@ while not os.path.exists(stop):
             call()
         except OSError:
             pass
+    with open(rounds, "w") as counted:
+        counted.write(str(number))
 """
 
 
@@ -103,7 +105,8 @@ def own_output(config: Config, login: str, name: str) -> tuple[Session, Path]:
     os.chown(final, uid, owner.gid)
     now = datetime.now(UTC)
     session = Session(
-        key=name, user=login, host="h", template="t", cuda=None, gpus=(), start=now,
+        key=name, user=login, host="h", template="t", cuda=None,
+        gpu_count=0, gpu_indices=(), start=now,
         end=now + timedelta(hours=1), ssh_port=0, ftp_port=0, ftp_passive_first=0,
         ftp_passive_last=0, state="stopped", output_dir=final,
     )  # fmt: skip
@@ -183,12 +186,22 @@ def test_a_login_changing_its_output_during_the_hand_over_changes_nothing_outsid
     script.write_text(MISCHIEF)
     os.chmod(script, 0o644)
     # the login's shell works in its output and keeps it as its working folder to the end
-    mischief = as_login(login, [sys.executable, str(script), str(outside), str(stop)], cwd=final)
+    # where it counts its rounds: a root file it may write, outside the tree
+    rounds = outside / "rounds"
+    rounds.write_text("0")
+    os.chmod(rounds, 0o666)
+
+    def rounds_done() -> int:
+        return int(rounds.read_text() or 0)  # empty while being rewritten
+
+    command = [sys.executable, str(script), str(outside), str(stop), str(rounds)]
+    mischief = as_login(login, command, cwd=final)
     try:
-        time.sleep(1.0)
+        wait_for(lambda: rounds_done() >= 20, 30, "the login's changes under way")
         assert finish_output(config, session)
         # while it goes on, once more: nothing it does reaches the handed-over tree
-        time.sleep(1.0)
+        done = rounds_done()
+        wait_for(lambda: rounds_done() >= done + 20, 30, "its changes after the hand-over")
     finally:
         stop.touch()
         mischief.communicate(timeout=30)

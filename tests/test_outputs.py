@@ -449,7 +449,8 @@ def test_the_state_disk_shared_with_outputs_is_named(tmp_path: Path) -> None:
 def test_the_end_email_says_how_to_download_and_until_when() -> None:
     config = parse_config({"storage": {"sftp_port": 2222}, "reservations": {"timezone": "UTC"}})
     session = Session(
-        key="booking-42", user="alice", host="gpu1", template="pytorch", cuda=None, gpus=(),
+        key="booking-42", user="alice", host="gpu1", template="pytorch", cuda=None,
+        gpu_count=0, gpu_indices=(),
         start=NOW - DAY, end=NOW, ssh_port=20001, ftp_port=21001, ftp_passive_first=22000,
         ftp_passive_last=22009, state="stopped",
         output_dir=Path("/srv/gpuresa/output/alice/20250309-1200-booking-42"),
@@ -462,7 +463,9 @@ def test_the_end_email_says_how_to_download_and_until_when() -> None:
     assert "kept until an administrator" in end_details(forever, session, "gpu1", NOW)
 
 
-def test_one_cert_authority_line_names_every_name_users_connect_with(tmp_path: Path) -> None:
+def test_each_port_has_a_cert_authority_line_naming_every_name_users_connect_with(
+    tmp_path: Path,
+) -> None:
     config = parse_config(
         {
             "daemon": {"host": "gpu1", "state_dir": str(tmp_path / "state")},
@@ -471,14 +474,19 @@ def test_one_cert_authority_line_names_every_name_users_connect_with(tmp_path: P
     )
     ca = HostCA(config)
     assert ca.principals() == ["gpu1.example.org", "gpu1", "10.0.0.7"]
-    line = ca.known_hosts_line()
+    line = ca.known_hosts_line(223)
     assert line == (
-        f"@cert-authority [gpu1.example.org]:*,[gpu1]:*,[10.0.0.7]:* {ca.public_line()}"
+        f"@cert-authority [gpu1.example.org]:223,[gpu1]:223,[10.0.0.7]:223 {ca.public_line(223)}"
     )
     assert line.split()[2] == "ssh-ed25519"
-    # the CA key is root's alone, in a folder of root's alone
+    # a line per session port and the sftp port, each with a CA of its own
+    lines = ca.known_hosts_text().splitlines()
+    assert len(lines) == len(config.host().ssh_ports) + 1 and lines[0] == line
+    assert lines[-1].startswith("@cert-authority [gpu1.example.org]:222,")
+    assert len({line.split()[-1] for line in lines}) == len(lines)
+    # the CA keys are root's alone, in a folder of root's alone
     folder = (tmp_path / "state" / "host-ca").stat()
-    key = (tmp_path / "state" / "host-ca" / "ca_ed25519").stat()
+    key = (tmp_path / "state" / "host-ca" / "port-223_ed25519").stat()
     assert (folder.st_uid, stat.S_IMODE(folder.st_mode)) == (0, 0o700)
     assert (key.st_uid, stat.S_IMODE(key.st_mode)) == (0, 0o600)
 
@@ -495,7 +503,7 @@ def test_a_session_certificate_covers_its_time_and_is_signed_again_on_extension(
     ca = HostCA(config)
     folder = tmp_path / "session" / "host-keys"
     folder.parent.mkdir()
-    ca.issue_session_key(folder, 100000, 100001, "booking-42", NOW, NOW + DAY)
+    ca.issue_session_key(folder, 100000, 100001, "booking-42", NOW, NOW + DAY, 224)
     private = (folder / "ssh_host_ed25519_key").stat()
     assert (private.st_uid, private.st_gid, stat.S_IMODE(private.st_mode)) == (
         100000,
@@ -515,7 +523,7 @@ def test_a_session_certificate_covers_its_time_and_is_signed_again_on_extension(
     signer = loaded.signature_key().public_bytes(
         serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
     )
-    assert signer == ca.public_line().encode()
+    assert signer == ca.public_line(224).encode()  # its port's CA
     loaded.verify_cert_signature()
     # extended by a day: the same key, a new certificate up to the new end
     ca.renew_session_certificate(folder, "booking-42", NOW, NOW + 2 * DAY)
@@ -524,10 +532,11 @@ def test_a_session_certificate_covers_its_time_and_is_signed_again_on_extension(
     again = serialization.load_ssh_public_identity(renewed)
     assert isinstance(again, serialization.SSHCertificate)
     assert again.public_key() == loaded.public_key()
+    assert again.signature_key() == loaded.signature_key()
     # a second session gets a key of its own
     other = tmp_path / "other" / "host-keys"
     other.parent.mkdir()
-    ca.issue_session_key(other, 100000, 100000, "booking-43", NOW, NOW + DAY)
+    ca.issue_session_key(other, 100000, 100000, "booking-43", NOW, NOW + DAY, 225)
     mine = (folder / "ssh_host_ed25519_key").read_bytes()
     assert (other / "ssh_host_ed25519_key").read_bytes() != mine
 
@@ -644,7 +653,8 @@ def test_a_round_tells_once_removes_after_the_notice_and_reports_the_disk(
 def test_sessions_mount_the_host_keys_and_sidecars_the_certificate_read_only() -> None:
     config = parse_config({"hosts": [{"name": "localhost", "gpu_mode": "none", "gpus": []}]})
     spec = SessionSpec(
-        key="k", user="alice", host="localhost", template="pytorch", cuda=None, gpus=(),
+        key="k", user="alice", host="localhost", template="pytorch", cuda=None,
+        gpu_count=0, gpu_indices=(),
         start=NOW, end=NOW + DAY, ssh_port=20000, ftp_port=21000, ftp_passive_first=22000,
         ftp_passive_last=22009,
     )  # fmt: skip
@@ -684,7 +694,8 @@ def test_sessions_mount_the_host_keys_and_sidecars_the_certificate_read_only() -
 
 def test_the_start_email_says_ftps_and_carries_the_details() -> None:
     session = Session(
-        key="k", user="alice", host="gpu1", template="pytorch", cuda=None, gpus=(),
+        key="k", user="alice", host="gpu1", template="pytorch", cuda=None,
+        gpu_count=0, gpu_indices=(),
         start=NOW, end=NOW + DAY, ssh_port=20001, ftp_port=21001, ftp_passive_first=22000,
         ftp_passive_last=22009, state="running", output_dir=Path("/o/alice/x"),
         ftp_user="alice", ftp_password="pw",
@@ -722,7 +733,7 @@ def test_host_credentials_are_made_once_even_by_many_at_once(tmp_path: Path) -> 
     makers = [HostCredentials(config) for _ in range(8)]
     authorities = [HostCA(config) for _ in range(8)]
     with ThreadPoolExecutor(max_workers=8) as pool:
-        lines = list(pool.map(lambda ca: ca.public_line(), authorities))
+        lines = list(pool.map(lambda ca: ca.public_line(223), authorities))
         files = list(pool.map(lambda maker: maker.tls_files(), makers))
     assert all(found == lines[0] for found in lines) and lines[0].startswith("ssh-ed25519 ")
     certificate, key = files[0]

@@ -21,7 +21,6 @@ import ssl
 import stat
 import subprocess
 import time
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ import paramiko
 import pytest
 from conftest import DockerHarness
 from ftps_client import Ftps
+from support import logins
 from test_runtime import Site, free_block, host_login, make_site, run, running_output, ssh_login
 
 from gpuresa.config.sections import Config
@@ -66,27 +66,11 @@ def site(tmp_path: Path, docker_harness: DockerHarness, images: None) -> Site:
     return made
 
 
-@contextlib.contextmanager
-def sftp_login(config: Config, login: str, key: paramiko.PKey) -> Iterator[paramiko.SFTPClient]:
-    client = paramiko.SSHClient()
-    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
-    client.connect(
-        "127.0.0.1",
-        config.storage.sftp_port,
-        username=login,
-        pkey=key,
-        look_for_keys=False,
-        allow_agent=False,
-        timeout=10,
-        banner_timeout=10,
-        auth_timeout=10,
-    )
-    try:
-        sftp = client.open_sftp()
-        yield sftp
-        sftp.close()
-    finally:
-        client.close()
+def sftp_login(
+    config: Config, login: str, key: paramiko.PKey
+) -> contextlib.AbstractContextManager[paramiko.SFTPClient]:
+    """A login to the host's output service (see `support.logins.sftp_login`)."""
+    return logins.sftp_login(config.storage.sftp_port, login, key)
 
 
 def read(sftp: paramiko.SFTPClient, path: str) -> bytes:
@@ -167,12 +151,7 @@ def test_a_user_downloads_their_output_after_the_end_and_nobody_else_can(site: S
         sftp_login(site.config, "root", site.key("alice")),
     ):
         pass
-    client = paramiko.SSHClient()
-    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
-    client.connect(
-        "127.0.0.1", site.config.storage.sftp_port, username="alice", pkey=site.key("alice"),
-        look_for_keys=False, allow_agent=False, timeout=10,
-    )  # fmt: skip
+    client = logins.connect(site.config.storage.sftp_port, "alice", site.key("alice"))
     try:
         _, stdout, _ = client.exec_command("id; cat /etc/passwd", timeout=10)
         assert b"uid=" not in stdout.read()
@@ -261,7 +240,8 @@ def test_sessions_and_the_service_each_show_a_key_of_their_own_and_the_email_the
     _, body = start_message(
         second, "127.0.0.1", "UTC", details=start_details(site.config, second, "127.0.0.1")
     )
-    assert f"@cert-authority {HostCA(site.config).known_hosts_line().split(' ', 1)[1]}" in body
+    for line in HostCA(site.config).known_hosts_text().splitlines():
+        assert f"  {line}\n" in body
     digest = hashlib.sha256(second_key.asbytes()).digest()
     assert "SHA256:" + base64.b64encode(digest).decode().rstrip("=") not in body
     assert "sftp -P" in body
@@ -365,12 +345,7 @@ def test_the_service_waits_for_a_new_login_without_restarting(site: Site) -> Non
 def test_sftp_inside_a_session_reads_and_writes_the_output(site: Site) -> None:
     runtime = site.runtime()
     session = runtime.start(site.spec(runtime, "alice"))
-    client = paramiko.SSHClient()
-    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
-    client.connect(
-        "127.0.0.1", session.ssh_port, username="alice", pkey=site.key("alice"),
-        look_for_keys=False, allow_agent=False, timeout=10,
-    )  # fmt: skip
+    client = logins.connect(session.ssh_port, "alice", site.key("alice"))
     try:
         sftp = client.open_sftp()
         with sftp.open("/output/over-sftp.txt", "wb") as stream:

@@ -85,7 +85,8 @@ def config(engine: str) -> Config:
 def session(host_key: str = "", place: str = "") -> Session:
     now = datetime.now(UTC)
     return Session(
-        key="booking-1", user="alice", host="gpu1", template="pytorch", cuda=None, gpus=(0,),
+        key="booking-1", user="alice", host="gpu1", template="pytorch", cuda=None,
+        gpu_count=1, gpu_indices=(0,),
         start=now, end=now + timedelta(hours=2), ssh_port=20001, ftp_port=0,
         ftp_passive_first=0, ftp_passive_last=0, state="running", output_dir=Path("/srv/out"),
         place=place, host_key=host_key,

@@ -81,23 +81,7 @@ def booking(
 
 
 def session_of(spec: SessionSpec, state: str = "running") -> Session:
-    return Session(
-        key=spec.key,
-        user=spec.user,
-        host=spec.host,
-        template=spec.template,
-        cuda=spec.cuda,
-        gpus=spec.gpus,
-        start=spec.start,
-        end=spec.end,
-        ssh_port=spec.ssh_port,
-        ftp_port=spec.ftp_port,
-        ftp_passive_first=spec.ftp_passive_first,
-        ftp_passive_last=spec.ftp_passive_last,
-        state=state,
-        output_dir=Path("/out") / spec.key,
-        email=spec.email,
-    )
+    return Session.of(spec, state=state, output_dir=Path("/out") / spec.key)
 
 
 def running(reservation: Reservation, gpus: tuple[int, ...] = (0,), port: int = 20000) -> Session:
@@ -107,7 +91,8 @@ def running(reservation: Reservation, gpus: tuple[int, ...] = (0,), port: int = 
         host=reservation.host,
         template=reservation.template,
         cuda=reservation.cuda,
-        gpus=gpus,
+        gpu_count=len(gpus),
+        gpu_indices=gpus,
         start=reservation.start,
         end=reservation.end,
         ssh_port=port,
@@ -145,7 +130,7 @@ def test_prepare_reserves_gpus_and_ports() -> None:
     assert isinstance(actions[0], Prepare)
     spec = actions[0].spec
     assert spec is not None
-    assert spec.gpus == (0, 1)
+    assert spec.gpu_indices == (0, 1)
     assert (spec.ssh_port, spec.ftp_port) == (20000, 21000)
     assert (spec.ftp_passive_first, spec.ftp_passive_last) == (30000, 30009)
 
@@ -260,7 +245,7 @@ def test_gpus_are_never_shared_and_a_full_host_fails_the_booking() -> None:
     actions = plan([first, second, third], [], INVENTORY, T0, CONFIG)
     starts = {action.key: action for action in actions if isinstance(action, Start)}
     assert starts["a"].spec is not None and starts["b"].spec is not None
-    assert set(starts["a"].spec.gpus).isdisjoint(starts["b"].spec.gpus)
+    assert set(starts["a"].spec.gpu_indices).isdisjoint(starts["b"].spec.gpu_indices)
     failures = [action for action in actions if isinstance(action, Fail)]
     assert [failure.key for failure in failures] == ["c"]
     assert "not free" in failures[0].reason
@@ -276,7 +261,7 @@ def test_next_booking_gets_the_gpus_the_ending_one_frees() -> None:
     start = actions[1]
     assert isinstance(start, Start) and start.spec is not None
     # the ending session's ports stay bound until it is removed
-    assert start.spec.ssh_port != 20000 and start.spec.gpus == (0, 1, 2, 3)
+    assert start.spec.ssh_port != 20000 and start.spec.gpu_indices == (0, 1, 2, 3)
 
 
 def test_port_range_exhausted_fails_the_booking() -> None:
@@ -312,7 +297,7 @@ def test_prepared_session_whose_gpus_an_extension_took_is_prepared_anew() -> Non
     stop, start = actions[0], actions[1]
     assert isinstance(stop, Stop) and stop.reason == "replan"
     assert isinstance(start, Start) and start.spec is not None
-    assert start.spec.gpus == (1,)
+    assert start.spec.gpu_indices == (1,)
 
 
 @pytest.mark.parametrize(
@@ -365,7 +350,7 @@ def test_cpu_only_host_gives_no_gpus() -> None:
     host = dataclasses.replace(CONFIG.host(), gpu_mode="none")
     actions = plan([booking("a", gpus=1)], [], Inventory(host, ()), T0, CONFIG)
     assert isinstance(actions[0], Start) and actions[0].spec is not None
-    assert actions[0].spec.gpus == ()
+    assert actions[0].spec.gpu_indices == ()
 
 
 def test_wakeups_cover_prepare_start_warnings_and_end() -> None:
@@ -455,7 +440,7 @@ def test_property_no_gpu_shared_and_no_session_outside_its_booking(
         )
         engine.apply(plan(visible, list(engine.sessions.values()), INVENTORY, now, config, memory))
         live = [session for session in engine.sessions.values() if session.state == "running"]
-        held: list[int] = [gpu for session in live for gpu in session.gpus]
+        held: list[int] = [gpu for session in live for gpu in session.gpu_indices]
         assert len(held) == len(set(held)), f"GPU given twice at {now}: {live}"
         by_key = {reservation.key: reservation for reservation in reservations}
         for session in live:

@@ -43,7 +43,7 @@ def test_a_stop_under_way_frees_its_gpus_but_not_its_ports() -> None:
     assert kinds(actions) == [("Start", "b")]
     start = actions[0]
     assert isinstance(start, Start) and start.spec is not None
-    assert start.spec.gpus == (0, 1, 2, 3) and start.spec.ssh_port != 20000
+    assert start.spec.gpu_indices == (0, 1, 2, 3) and start.spec.ssh_port != 20000
 
 
 def test_ports_the_engine_refused_are_skipped() -> None:

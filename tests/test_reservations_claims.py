@@ -246,7 +246,8 @@ def ics(key: str, user: str, start: datetime, end: datetime, gpus: int) -> str:
 
 def session_of(item: Reservation, gpus: tuple[int, ...], index: int) -> Session:
     return Session(
-        key=item.key, user=item.user, host="gpu1", template="pytorch", cuda="12.4", gpus=gpus,
+        key=item.key, user=item.user, host="gpu1", template="pytorch", cuda="12.4",
+        gpu_count=len(gpus), gpu_indices=gpus,
         start=item.start, end=item.end, ssh_port=20000 + index, ftp_port=21000 + index,
         ftp_passive_first=22000 + 10 * index, ftp_passive_last=22009 + 10 * index,
         state="running", output_dir=Path("/nonexistent"),
@@ -327,7 +328,7 @@ def test_no_other_login_loses_granted_time_and_no_ended_occurrence_runs_again(
             if item.start <= instant < item.end:
                 held = running.get(item.key)
                 inside = held is not None and held.start <= instant < held.end
-                used += max(item.gpus, len(held.gpus)) if inside and held else item.gpus
+                used += max(item.gpus, held.gpu_count) if inside and held else item.gpus
         assert used <= 4
     # the planner, fed what the daemon feeds it, never starts an ended occurrence again
     actions = plan(

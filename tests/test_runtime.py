@@ -37,8 +37,11 @@ import paramiko
 import pytest
 from conftest import BASE_IMAGE, PODMAN_SOCKET, TEST_HOST, DockerHarness
 from ftps_client import Ftps, FtpsError
+from support import logins
 from support.configs import free_ports
 from support.gpu_nodes import stand_in_gpu_nodes
+from support.logins import run as run  # for the tests that log in to sessions of this site
+from support.waiting import wait_for
 
 from gpuresa.cli import main
 from gpuresa.config.reading import parse_config
@@ -223,34 +226,11 @@ def running_output(site: Site, session: Session | SessionSpec) -> Path:
     return running_path(site.config, session.key)
 
 
-@contextlib.contextmanager
 def ssh_login(
     session: Session, login: str, key: paramiko.PKey | None = None, password: str | None = None
-) -> Iterator[paramiko.SSHClient]:
-    client = paramiko.SSHClient()
-    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
-    client.connect(
-        "127.0.0.1",
-        session.ssh_port,
-        username=login,
-        pkey=key,
-        password=password,
-        look_for_keys=False,
-        allow_agent=False,
-        timeout=10,
-        banner_timeout=10,
-        auth_timeout=10,
-    )
-    try:
-        yield client
-    finally:
-        client.close()
-
-
-def run(client: paramiko.SSHClient, command: str) -> tuple[int, str]:
-    _, stdout, stderr = client.exec_command(command, timeout=20)
-    output = stdout.read().decode() + stderr.read().decode()
-    return stdout.channel.recv_exit_status(), output
+) -> contextlib.AbstractContextManager[paramiko.SSHClient]:
+    """A login to `session`'s sshd (see `support.logins.ssh_login`)."""
+    return logins.ssh_login(session.ssh_port, login, key, password=password)
 
 
 @contextlib.contextmanager
@@ -506,9 +486,9 @@ def test_stop_gives_the_users_processes_their_grace(site: Site) -> None:
         # a training job that saves its state when asked to stop
         client.exec_command(
             'nohup sh -c \'trap "sleep 1; echo saved > /output/checkpoint; exit 0" TERM; '
-            "while true; do sleep 0.1; done' >/dev/null 2>&1 &"
+            "touch /tmp/trap-set; while true; do sleep 0.1; done' >/dev/null 2>&1 &"
         )
-        time.sleep(0.5)
+        wait_for(lambda: run(client, "test -e /tmp/trap-set")[0] == 0, 15, "the job's trap")
     runtime.stop(session.key, timedelta(seconds=10))
     assert (session.output_dir / "checkpoint").read_text() == "saved\n"
     assert leftovers(site, session.key) == []
@@ -568,7 +548,7 @@ def test_a_stopped_session_is_listed_as_stopped_and_started_afresh(site: Site) -
         ({"user": "alice/../root"}, "not a valid login"),
         ({"user": "root"}, "system account"),
         ({"user": "carol"}, "no SSH public key for login 'carol'"),
-        ({"gpus": (7,)}, "has no GPU 7"),
+        ({"gpu_count": 1, "gpu_indices": (7,)}, "has no GPU 7"),
         ({"host": "elsewhere"}, "is for host 'elsewhere'"),
         ({"ssh_port": 22}, "SSH port 22 is outside"),
     ],
@@ -634,7 +614,7 @@ def test_gpus_the_host_does_not_have_are_refused_when_asked_for(
         site.spec(runtime, gpus=(1, 2))
     with pytest.raises(SessionError, match="3 GPU"):
         site.spec(runtime, gpus=3)
-    assert site.spec(runtime, gpus=2).gpus == (0, 1)
+    assert site.spec(runtime, gpus=2).gpu_indices == (0, 1)
 
 
 def test_an_exhausted_port_range_is_refused(
@@ -747,7 +727,8 @@ def test_a_message_reaches_the_logged_in_user_and_never_fails(docker_site: Site)
     with ssh_login(session, "alice", site.key("alice")) as client:
         channel = client.invoke_shell()
         channel.settimeout(10)
-        time.sleep(1.0)
+        # the shell's first words (its prompt): its login is recorded by then, for `wall`
+        wait_for(channel.recv_ready, 15, "the shell's prompt")
         runtime.message(session.key, "-- your session ends in 5 minutes: save your work --")
         received = b""
         deadline = time.monotonic() + 10
@@ -787,7 +768,7 @@ def test_devices_mode_passes_the_booked_gpu_only(
     )
     runtime = site.runtime()
     session = runtime.start(site.spec(runtime, gpus=(1,)))
-    assert session.gpus == (1,)
+    assert session.gpu_indices == (1,)
     with ssh_login(session, "alice", site.key("alice")) as client:
         checks = (
             "test -c /dev/nvidia1 && test -c /dev/nvidiactl && test -c /dev/nvidia-uvm"

@@ -77,7 +77,8 @@ def make_spec(gpus: tuple[int, ...] = (1, 3), key: str = "evt-1@example.org") ->
         host="gpu1",
         template="pytorch",
         cuda="12.4",
-        gpus=gpus,
+        gpu_count=len(gpus),
+        gpu_indices=gpus,
         start=START,
         end=END,
         ssh_port=20003,
@@ -204,7 +205,7 @@ def test_main_payload_is_exactly_this() -> None:
         output_dir=Path("/srv/output/alice/x"),
         session_files=Path("/var/lib/gpuresa/sessions/evt-1"),
         command=("python3", "-m", "digits"),
-        gpu=gpu_access(config.host(), spec.gpus),
+        gpu=gpu_access(config.host(), spec.gpu_indices),
     )
     network = session_name("gpu1", spec.key)
     assert main_payload(config, spec, main, labels) == {
@@ -353,7 +354,7 @@ def test_ftp_payload_is_exactly_this() -> None:
 def test_no_payload_is_privileged_or_reaches_the_docker_socket(mode: str) -> None:
     config = make_config(gpu_mode=mode)
     spec = make_spec(gpus=() if mode == "none" else (0,))
-    gpu = gpu_access(config.host(), spec.gpus, {"/dev/nvidia0", "/dev/nvidiactl"})
+    gpu = gpu_access(config.host(), spec.gpu_indices, {"/dev/nvidia0", "/dev/nvidiactl"})
     labels = session_labels(spec, 20123, Path("/srv/output/a"), "alice")
     main = MainContainer(
         "image",
@@ -441,7 +442,7 @@ def test_labels_give_the_session_back() -> None:
         "pytorch",
         "12.4",
     )
-    assert session.gpus == (1, 3)
+    assert session.gpu_indices == (1, 3)
     assert (session.start, session.end) == (START, END)
     assert (session.ssh_port, session.ftp_port) == (20003, 21003)
     assert (session.ftp_passive_first, session.ftp_passive_last) == (30009, 30011)

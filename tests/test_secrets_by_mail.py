@@ -37,7 +37,8 @@ FORGED_ORGANIZER = "mallory@evil.example"
 def session(user: str = "alice") -> Session:
     now = datetime.now(UTC)
     return Session(
-        key="booking-1", user=user, host="gpu1", template="pytorch", cuda=None, gpus=(0,),
+        key="booking-1", user=user, host="gpu1", template="pytorch", cuda=None,
+        gpu_count=1, gpu_indices=(0,),
         start=now, end=now + timedelta(hours=2), ssh_port=20001, ftp_port=21001,
         ftp_passive_first=22000, ftp_passive_last=22009, state="running",
         output_dir=Path("/srv/out"), ftp_user="alice-ftp", ftp_password=PASSWORD,

@@ -17,7 +17,6 @@ import logging
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -67,14 +66,21 @@ def node_state() -> str:
 
 
 def wait_state(job: str, wanted: str, timeout: float = 30) -> str:
-    deadline = time.monotonic() + timeout
-    state = ""
-    while time.monotonic() < deadline:
+    """`wanted` once job `job` is in that state; fails the test after `timeout` seconds."""
+
+    def reached() -> str | None:
         state = squeue(job, "%T")
-        if state == wanted:
-            return state
-        time.sleep(0.5)
-    return state
+        return state if state == wanted else None
+
+    return wait_for(reached, timeout, f"job {job} {wanted}")
+
+
+def verdict(job: str) -> str | None:
+    """The job's state and reason once the scheduler has decided on it (not pending for no
+    reason yet, as a job is before the scheduler first looks at it)."""
+    shown = squeue(job, "%T %r")
+    state, _, reason = shown.partition(" ")
+    return None if state == "PENDING" and reason in ("", "None") else shown
 
 
 def test_a_booking_is_a_reservation_then_a_job_holding_its_gpus(cluster: SlurmSite) -> None:
@@ -109,8 +115,9 @@ def test_a_booking_is_a_reservation_then_a_job_holding_its_gpus(cluster: SlurmSi
     other = cluster.users[1]
     fits, waits = submit(other, 2), submit(other, 1)
     assert wait_state(fits, "RUNNING") == "RUNNING"
-    time.sleep(6)
-    assert squeue(waits, "%T") == "PENDING"
+    # the scheduler looked at it and keeps it waiting
+    shown = wait_for(lambda: verdict(waits), 60, "the scheduler's verdict on the third GPU")
+    assert shown.startswith("PENDING "), shown
     subprocess.run(["scancel", fits], check=True)
     assert wait_state(waits, "RUNNING") == "RUNNING"
     # warnings reach the session; the end comes from Slurm's time limit of the job

@@ -18,7 +18,6 @@ import pwd
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -28,7 +27,8 @@ import pytest
 from slurm_site import SlurmSite, slurm_site
 from support.configs import BASE_IMAGE, free_ports
 from support.gpu_nodes import gpu_nodes_left_as_they_are
-from support.waiting import wait_for
+from support.logins import connect
+from support.waiting import polls_later, wait_for
 from test_daemon_cli import ics_event
 from test_runtime import run
 
@@ -110,17 +110,13 @@ def jobs_named(name: str) -> list[str]:
 
 
 def login(site: SlurmSite, port: int) -> paramiko.SSHClient:
-    client = paramiko.SSHClient()
-    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
-    client.connect("127.0.0.1", port=port, username=site.users[0], pkey=site.key(site.users[0]),
-                   allow_agent=False, look_for_keys=False, timeout=10)  # fmt: skip
-    return client
+    return connect(port, site.users[0], site.key(site.users[0]))
 
 
 def journal_state(path: Path, key: str) -> str | None:
     journal = Journal(path, read_only=True)
     try:
-        return journal.state(key)
+        return journal.states.get(key)
     finally:
         journal.close()
 
@@ -197,7 +193,7 @@ def test_a_booking_runs_as_a_slurm_job_and_survives_a_daemon_kill(cluster: Slurm
         process.send_signal(signal.SIGKILL)
         process.wait(10)
         process = daemon(config, log)
-        time.sleep(8)
+        polls_later(load_config(config), 2)
         assert [line.split()[0] for line in jobs_named(name)] == [job_id]
         assert name not in slurm("scontrol", "-o", "show", "reservation")
         # the warning reaches the session 30 s before the end

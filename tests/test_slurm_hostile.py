@@ -15,12 +15,12 @@ import base64
 import hashlib
 import logging
 import subprocess
-import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from conftest import wait_for_port
 from slurm_site import NODE, SlurmSite, slurm_site
 from support.waiting import wait_for
 from test_runtime import run, ssh_login
@@ -168,8 +168,7 @@ def test_a_port_held_by_another_ssh_server_is_not_taken_for_the_session(
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        time.sleep(1)
-        assert squatter.poll() is None, "the squatter's sshd did not start"
+        wait_for_port(spec.ssh_port, 15, "the squatter's sshd", squatter)
         backend = cluster.backend()
         with pytest.raises(SessionError, match=f"port {spec.ssh_port} .* held by another SSH"):
             backend.start(spec)

@@ -97,7 +97,8 @@ def test_the_planner_carries_the_place_and_leaves_gpus_to_the_nodes() -> None:
     assert [type(action) for action in actions] == [Prepare, Prepare], actions
     specs = {action.key: action.spec for action in actions if isinstance(action, Prepare)}
     assert {spec.place for spec in specs.values() if spec} == {"n1", "n2"}
-    assert all(spec and spec.gpus == (0, 1, 2, 3) for spec in specs.values())
+    # a count, and no device: the node's scheduler chooses them
+    assert all(spec and (spec.gpu_count, spec.gpu_indices) == (4, ()) for spec in specs.values())
     ports = {spec.ssh_port for spec in specs.values() if spec}
     assert len(ports) == 2
     # prepared on its node, the session starts there; another session's GPU indices do not
@@ -119,22 +120,8 @@ def test_the_planner_carries_the_place_and_leaves_gpus_to_the_nodes() -> None:
 
 
 def session_of(spec: SessionSpec, state: str, node: str) -> Session:
-    return Session(
-        key=spec.key,
-        user=spec.user,
-        host=spec.host,
-        template=spec.template,
-        cuda=spec.cuda,
-        gpus=spec.gpus,
-        start=spec.start,
-        end=spec.end,
-        ssh_port=spec.ssh_port,
-        ftp_port=0,
-        ftp_passive_first=0,
-        ftp_passive_last=0,
-        state=state,
-        output_dir=Path("/out") / spec.key,
-        place=node,
+    return Session.of(
+        dataclasses.replace(spec, place=node), state=state, output_dir=Path("/out") / spec.key
     )
 
 
@@ -146,7 +133,7 @@ def placed(place: str, gpus: int) -> SessionSpec:
     start = datetime(2026, 11, 24, 9, tzinfo=UTC)
     return SessionSpec(
         key="b", user="alice", host="cluster", template="pytorch", cuda=None,
-        gpus=tuple(range(gpus)), start=start, end=start + timedelta(hours=1), ssh_port=20000,
+        gpu_count=gpus, gpu_indices=(), start=start, end=start + timedelta(hours=1), ssh_port=20000,
         ftp_port=0, ftp_passive_first=0, ftp_passive_last=0, place=place,
     )  # fmt: skip
 

@@ -25,16 +25,23 @@ def config_file(tmp_path: Path) -> Path:
     return path
 
 
-def test_the_known_hosts_line_is_the_host_cas(
+def test_the_known_hosts_lines_are_the_host_cas_one_per_port(
     config_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["trust", "known-hosts", "--config", str(config_file)]) == 0
-    line = capsys.readouterr().out.strip()
-    assert line.startswith("@cert-authority [gpu1.example.org]:*,[gpu1]:*,[10.0.0.7]:* ")
-    # the CA that signs the sessions' host keys, made once: a second call prints the same
-    assert line == HostCA(load_config(config_file)).known_hosts_line()
+    lines = capsys.readouterr().out.splitlines()
+    ca = HostCA(load_config(config_file))
+    # the default session ports 223-254, then the sftp port 222: each trusted there alone
+    ports = [*range(223, 255), 222]
+    assert [line.split()[1] for line in lines] == [
+        f"[gpu1.example.org]:{port},[gpu1]:{port},[10.0.0.7]:{port}" for port in ports
+    ]
+    assert not any(":*" in line for line in lines)
+    assert lines == [ca.known_hosts_line(port) for port in ports]
+    assert len({line.split()[-1] for line in lines}) == len(ports)  # a CA per port
+    # the CAs that sign the sessions' host keys, made once: a second call prints the same
     assert main(["trust", "known-hosts", "--config", str(config_file)]) == 0
-    assert capsys.readouterr().out.strip() == line
+    assert capsys.readouterr().out.splitlines() == lines
 
 
 def test_the_ftps_certificate_is_the_one_the_sidecars_present(
@@ -52,6 +59,6 @@ def test_the_ftps_certificate_is_the_one_the_sidecars_present(
     assert main(["trust", "--config", str(config_file)]) == 0
     both = capsys.readouterr().out
     fingerprint = certificate.fingerprint(hashes.SHA256()).hex().upper()
-    assert "@cert-authority" in both and printed in both
+    assert HostCA(load_config(config_file)).known_hosts_text() in both and printed in both
     assert credentials.tls_fingerprint().replace(":", "") == fingerprint
     assert credentials.tls_fingerprint() in both

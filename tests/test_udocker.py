@@ -25,6 +25,8 @@ import paramiko
 import pytest
 from conftest import BASE_IMAGE, TEST_HOST
 from support.gpu_nodes import stand_in_gpu_nodes
+from support.logins import run, ssh_login
+from support.waiting import wait_for
 from test_runtime import free_block
 
 from gpuresa.access import host_account
@@ -106,17 +108,9 @@ class Site:
         return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
 
     def run(self, session: Session, command: str) -> tuple[int, str]:
-        client = paramiko.SSHClient()
-        client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
-        key = paramiko.Ed25519Key.from_private_key_file(str(self.root / "private" / self.login))
-        client.connect("127.0.0.1", session.ssh_port, username=self.login, pkey=key,
-                       allow_agent=False, look_for_keys=False, timeout=15)  # fmt: skip
-        try:
-            _, out, err = client.exec_command(command, timeout=60)
-            text = out.read().decode() + err.read().decode()
-            return out.channel.recv_exit_status(), text
-        finally:
-            client.close()
+        key = self.root / "private" / self.login
+        with ssh_login(session.ssh_port, self.login, key, timeout=15) as client:
+            return run(client, command, timeout=60)
 
 
 def alive(pid: int) -> bool:
@@ -302,7 +296,7 @@ def test_a_session_gets_its_gpus_share_of_the_host_and_no_other_gpu(
     site = make(gpu_mode="devices", gpus=[0, 1], limits={"shm_size": "256m", "pids": 300})
     backend = site.backend()
     session = backend.start(spec_of(site, backend, gpus=(1,)))
-    assert session.gpus == (1,)
+    assert session.gpu_indices == (1,)
     code, text = site.run(
         session,
         "test -c /dev/nvidia1 && test -c /dev/nvidiactl && test -c /dev/nvidia-uvm"
@@ -334,9 +328,7 @@ def test_a_session_gets_its_gpus_share_of_the_host_and_no_other_gpu(
         ["setpriv", "--reuid", site.login, "--regid", site.login, "--clear-groups",
          "/bin/sh", "-c", probe], capture_output=True, text=True,
     )  # fmt: skip
-    deadline = time.monotonic() + 10
-    while "refused" not in report.read_text() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_for(lambda: "refused" in report.read_text(), 10, "the probe's report")
     assert "Operation not permitted" in report.read_text(), report.read_text()
     assert "No such device" in outside.stderr, outside.stderr
 
@@ -403,7 +395,4 @@ output_root = "{site.root / "output"}"
     assert "failed on the container (exit code 3)" in capsys.readouterr().err
     # the bench's container is gone from the login's repository after
     containers = tools.repository(site.backend().config, site.login) / "containers"
-    deadline = time.monotonic() + 30
-    while any(containers.glob("gpuresa-bench-*")) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not any(containers.glob("gpuresa-bench-*"))
+    wait_for(lambda: not any(containers.glob("gpuresa-bench-*")), 30, "the bench's container to go")

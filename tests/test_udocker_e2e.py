@@ -24,6 +24,7 @@ import pytest
 from conftest import TEST_HOST, SMTPServer
 from daemon_stage import DaemonProcess, at
 from support.configs import write_daemon_config
+from support.logins import try_login
 from support.waiting import wait_for
 from test_daemon_cli import ics_event
 
@@ -55,7 +56,7 @@ def folder_fixture() -> Iterator[Path]:
 
 def let_in(port: int, login: str, key: Path) -> paramiko.SSHClient | None:
     """A login that gets into the session (not one told that it opens later), or None."""
-    client = ssh(port, login, key)
+    client = try_login(port, login, key)
     if client is None:
         return None
     try:
@@ -72,27 +73,6 @@ def backend_of(config: Config) -> UdockerBackend:
     backend = open_backend(config)
     assert isinstance(backend, UdockerBackend)
     return backend
-
-
-def ssh(port: int, login: str, key: Path) -> paramiko.SSHClient | None:
-    client = paramiko.SSHClient()
-    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
-    try:
-        client.connect(
-            "127.0.0.1",
-            port,
-            username=login,
-            key_filename=str(key),
-            timeout=2,
-            banner_timeout=2,
-            auth_timeout=2,
-            allow_agent=False,
-            look_for_keys=False,
-        )
-    except (paramiko.SSHException, OSError, EOFError):
-        client.close()
-        return None
-    return client
 
 
 def test_a_booking_runs_as_its_login_and_ends_with_its_output_kept(

@@ -17,9 +17,11 @@ from pathlib import Path
 
 import pytest
 from test_udocker import Site
+from test_udocker_config import write_config
 
 from gpuresa.access import LOWEST_HOST_UID, host_account
 from gpuresa.backends.udocker.records import HOST_KEY, Records
+from gpuresa.cli import main
 from gpuresa.runtime import SessionError
 
 # the login swaps every public host key it sees for a link to a root file, as fast as it can
@@ -104,3 +106,26 @@ def test_a_login_with_a_system_uid_is_refused_with_the_reason(base: Path) -> Non
             backend.account(spec)
     finally:
         subprocess.run(["userdel", login], check=False, capture_output=True)
+
+
+@pytest.mark.parametrize(
+    ("engine", "quota", "warned"),
+    [("udocker", None, True), ("udocker", '"2g"', True), ("udocker", '"none"', False),
+     ("docker", '"2g"', False)],
+)  # fmt: skip
+def test_validate_says_a_udocker_host_does_not_keep_the_session_quota(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], engine: str, quota: str | None, warned: bool
+) -> None:
+    # a udocker login writes its output on the host as itself: an admin who set a cap
+    # (or kept the default "auto") must learn it does not hold there
+    file = write_config(tmp_path, f'engine = "{engine}"')
+    if quota is not None:
+        file.write_text(f"{file.read_text()}session_quota = {quota}\n")
+    assert main(["config", "validate", "--config", str(file)]) == 0
+    out = capsys.readouterr().out
+    warning = "warning: storage.session_quota ("
+    where = "is not enforced on hosts[0] ('gpu1', engine udocker)"
+    if warned:
+        assert warning in out and where in out, out
+    else:
+        assert where not in out, out

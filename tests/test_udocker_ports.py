@@ -14,13 +14,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 
-import paramiko
 import pytest
+from support.logins import connect
+from support.waiting import wait_for
 from test_udocker import Site, alive, login_fixture, make_fixture, site_fixture, spec_of
 
 from gpuresa.access import host_account
@@ -118,18 +118,7 @@ def greets(port: int, source: str = "127.0.0.1") -> socket.socket | None:
 
 def first_greeting(port: int, seconds: float = 15) -> socket.socket:
     """A greeted connection, once a place is free (a closed one's sshd ends in a moment)."""
-    deadline = time.monotonic() + seconds
-    while (connection := greets(port)) is None:
-        assert time.monotonic() < deadline, "no place became free"
-        time.sleep(0.2)
-    return connection
-
-
-def wait_until(found: Callable[[], object], seconds: float = 15) -> None:
-    deadline = time.monotonic() + seconds
-    while not found():
-        assert time.monotonic() < deadline, "not in time"
-        time.sleep(0.1)
+    return wait_for(lambda: greets(port), seconds, "a free place", every=0.2)
 
 
 def listener_of(backend: UdockerBackend, key: str) -> int | None:
@@ -151,7 +140,7 @@ def kill_listener(backend: UdockerBackend, key: str) -> None:
     listener = listener_of(backend, key)
     assert listener is not None
     os.kill(listener, signal.SIGKILL)
-    wait_until(lambda: not alive(listener))
+    wait_for(lambda: not alive(listener), 15, "the listener's end")
 
 
 def free_privileged_port(ports: PortRange) -> int:
@@ -165,23 +154,28 @@ def free_privileged_port(ports: PortRange) -> int:
 def start_in_a_daemon_killed_after(backend: UdockerBackend, spec: SessionSpec) -> None:
     """Start the session in a child process (a daemon) and SIGKILL it once it has."""
     reading, writing = os.pipe()
+    # the child waits on this pipe for its kill; it reads its end (EOF) should the test die first
+    held, holding = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child: it reports and waits for its kill
         os.close(reading)
+        os.close(holding)
         try:
             backend.start(spec)
             os.write(writing, b"started")
         except BaseException as error:
             os.write(writing, f"failed: {error}"[:4000].encode())
-        time.sleep(60)
+        os.read(held, 1)
         os._exit(1)
     os.close(writing)
+    os.close(held)
     try:
         assert os.read(reading, 4096) == b"started"
     finally:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
         os.close(reading)
+        os.close(holding)
 
 
 def test_a_session_on_the_default_privileged_ports_logs_in_through_roots_port(
@@ -212,11 +206,7 @@ def test_a_session_on_the_default_privileged_ports_logs_in_through_roots_port(
     # which holds no listening socket
     account = host_account(site.login)
     assert account is not None
-    client = paramiko.SSHClient()
-    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
-    key = paramiko.Ed25519Key.from_private_key_file(str(site.root / "private" / site.login))
-    client.connect("127.0.0.1", port, username=site.login, pkey=key,
-                   allow_agent=False, look_for_keys=False, timeout=15)  # fmt: skip
+    client = connect(port, site.login, site.root / "private" / site.login, timeout=15)
     try:
         members = backend.cgroup(spec.key).members()
         served = [
@@ -253,7 +243,7 @@ def test_a_squatter_on_the_port_is_never_taken_for_the_session(site: Site) -> No
     code, text = site.run(session, "setsid sleep 1000 </dev/null >/dev/null 2>&1 & echo left")
     assert code == 0, text
     command = b"sleep\x001000\x00"
-    wait_until(lambda: members_running(backend, spec.key, command))
+    wait_for(lambda: members_running(backend, spec.key, command), 15, "the process left behind")
     [sleeper] = members_running(backend, spec.key, command)
     # the listener dies (root's: only a crash or root ends it): the session is "stopped",
     # and its next start listens again, the login's processes left as they were

@@ -206,10 +206,10 @@ def refused_reason(config: Config, key: str, daemon: SandboxedDaemon, timeout: f
         if journal_file.exists():
             journal = Journal(journal_file, read_only=True)
             with contextlib.closing(journal):
-                state = journal.state(key)
+                state = journal.states.get(key)
                 assert state != "running", "the session started without what it needs"
                 if state in ("failed", "rejected"):
-                    return " ".join(e.detail for e in journal.history() if e.key == key)
+                    return " ".join(e.detail for e in journal.history.entries() if e.key == key)
         time.sleep(0.5)
     raise AssertionError("no refusal within the time allowed:\n" + daemon.log()[-3000:])
 

@@ -33,6 +33,9 @@ The contract, which `tests/test_backend_contract.py` checks on every backend:
 - **message(key, text)** shows a text to the session's user; **extend(key,
   end)** records a new end, which `list_sessions` returns from then on and the
   session shows. Neither waits on the session.
+- **capabilities** says what the backend can do (`backends.capabilities`):
+  whoever behaves differently by backend asks it, never the backend's name;
+  it is the value `host_capabilities` gives for the backend's host.
 - **check_spec(spec)** refuses, before anything is made, what the host cannot
   serve; **host_gpus()** are the GPU indices the planner may hand out.
 - **provisioned(template, cuda)** says, at once, whether sessions of that
@@ -60,6 +63,7 @@ from collections.abc import Collection
 from datetime import datetime, timedelta
 from typing import Protocol, runtime_checkable
 
+from gpuresa.backends.capabilities import Capabilities
 from gpuresa.model import Session, SessionSpec
 from gpuresa.runtime.session_files import SessionFacts
 
@@ -67,6 +71,11 @@ from gpuresa.runtime.session_files import SessionFacts
 @runtime_checkable
 class SessionBackend(Protocol):
     """The sessions of one host, whatever runs them (see the module's contract)."""
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this backend's sessions are like (see `Capabilities`)."""
+        ...
 
     def check(self) -> None:
         """Refuse, with a `SessionError`, a backend whose sessions would not be confined."""

@@ -37,7 +37,7 @@ def gpu_holders(
     sessions = list(sessions)
     holders: dict[int, str] = {}
     for session in sessions:
-        for index in session.gpus:
+        for index in session.gpu_indices:
             holders.setdefault(index, f"session {session.key} of {session.user}")
     ahead = max(config.daemon.prepare_ahead, until - now)
     lookahead = dataclasses.replace(
@@ -47,7 +47,7 @@ def gpu_holders(
         if isinstance(action, Prepare | Start | Recreate) and action.spec is not None:
             spec = action.spec
             if spec.start < until and now < spec.end:
-                for index in spec.gpus:
+                for index in spec.gpu_indices:
                     holders.setdefault(
                         index,
                         f"booking {spec.key} of {spec.user} from {spec.start:%Y-%m-%d %H:%M} UTC",

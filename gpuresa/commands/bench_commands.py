@@ -182,7 +182,7 @@ def _reservations(config: Config) -> list[Reservation]:
         return []
     journal = Journal(path, read_only=True)
     try:
-        return journal.reservations(ending_after=datetime.now(UTC))
+        return journal.reservations.all(ending_after=datetime.now(UTC))
     finally:
         journal.close()
 
@@ -196,7 +196,7 @@ def record(config: Config, action: str, result: str, detail: str, stream: TextIO
         journal = Journal(journal_path(config))
         try:
             key = bench_key(config.daemon.host)
-            journal.record_action(key, action, datetime.now(UTC), result, detail)
+            journal.history.record_action(key, action, datetime.now(UTC), result, detail)
         finally:
             journal.close()
     except UserError as error:

@@ -9,6 +9,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from gpuresa.backends.capabilities import host_capabilities
 from gpuresa.config.loading import example_text
 from gpuresa.config.machine import machine_problems
 from gpuresa.config.reading import load_config
@@ -28,19 +29,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     show.set_defaults(handler=show_command)
 
 
-# what separates two sessions on each engine (docs/outputs.md, "Isolation of outputs")
-ISOLATION = {
-    "docker": "docker userns-remap (one host uid is root in every session; outputs "
-    "root-only and nosuid,nodev while running, privileges cleared at hand-over)",
-    "podman": "podman userns=auto (a host id range per session; outputs root-only and "
-    "nosuid,nodev while running, privileges cleared at hand-over)",
-    "udocker": "udocker sessions as the booking's own login (root of a user namespace that "
-    "maps only the login's uid; cgroups gpuresa owns; its ssh port bound by root)",
-    "slurm": "slurm jobs as the booking's own login (no root in a session; the job's "
-    "GPUs confined by the cluster's cgroup.conf)",
-}
-
-
 def validate_command(arguments: argparse.Namespace) -> int:
     config = load_config(arguments.config)
     # what the file names on this machine: secrets, folders, certificates (after the schema,
@@ -53,7 +41,8 @@ def validate_command(arguments: argparse.Namespace) -> int:
         f"{len(config.hosts)} host(s), this daemon manages {config.daemon.host!r})"
     )
     for host in config.hosts:
-        print(f"host {host.name}: isolation: {ISOLATION[host.engine]}")
+        # what separates two sessions (docs/outputs.md, "Isolation of outputs")
+        print(f"host {host.name}: isolation: {host_capabilities(host).isolation}")
     # what is valid but will not work as meant on this machine (ports, the output disk)
     from gpuresa.config.pid_budget import pids_warnings
     from gpuresa.outputs.disk import disk_warnings

@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from gpuresa.backends.capabilities import host_capabilities
 from gpuresa.backends.factory import open_backend
 from gpuresa.config.reading import load_config
 from gpuresa.config.schema import Invalid, format_duration, parse_duration
@@ -18,6 +19,7 @@ from gpuresa.config.sections import Config
 from gpuresa.errors import UserError
 from gpuresa.inert import echo
 from gpuresa.journal.store import Journal
+from gpuresa.observe.free import free_report
 from gpuresa.outputs.disk import disk_report
 
 
@@ -130,7 +132,7 @@ def status_report(config: Config, now: datetime) -> dict[str, Any]:
             "host": session.host,
             "template": session.template,
             "cuda": session.cuda,
-            "gpus": list(session.gpus),
+            "gpus": list(session.gpu_indices),
             "state": session.state,
             "ssh_port": session.ssh_port,
             "ftp_port": session.ftp_port,
@@ -160,13 +162,17 @@ def status_report(config: Config, now: datetime) -> dict[str, Any]:
                 "gpus": reservation.gpus,
                 "start": _iso(reservation.start),
                 "end": _iso(reservation.end),
-                "state": (state := journal.state(reservation.key)),
+                "state": (state := journal.states.get(reservation.key)),
                 # why it failed, as the journal recorded it (the start's error)
-                "reason": journal.state_detail(reservation.key) if state == "failed" else None,
+                "reason": journal.states.detail(reservation.key) if state == "failed" else None,
             }
-            for reservation in journal.reservations(ending_after=now)
+            for reservation in journal.reservations.all(ending_after=now)
             if reservation.key not in running_keys and reservation.host == config.daemon.host
         ]
+        rejections = journal.reservations.rejections(ending_after=now)
+        report["free"] = free_report(
+            config, host, sessions, journal, [item.rejection.key for item in rejections], now
+        )
         report["rejected"] = [
             {
                 "key": record.rejection.key,
@@ -174,7 +180,7 @@ def status_report(config: Config, now: datetime) -> dict[str, Any]:
                 "user": record.rejection.user,
                 "reason": record.rejection.reason,
             }
-            for record in journal.rejections(ending_after=now)
+            for record in rejections
         ]
         report["calendars"] = {
             name: {
@@ -186,10 +192,10 @@ def status_report(config: Config, now: datetime) -> dict[str, Any]:
                     else None
                 ),
             }
-            for name, calendar in journal.calendars().items()
+            for name, calendar in journal.calendars.all().items()
         }
         report["outbox"] = outbox_report(journal)
-        pid = journal.get_meta("daemon_pid")
+        pid = journal.facts.get("daemon_pid")
         report["daemon_pid"] = int(pid) if pid else None
         report["output_disk"] = disk_report(config)
     finally:
@@ -199,7 +205,7 @@ def status_report(config: Config, now: datetime) -> dict[str, Any]:
 
 def outbox_report(journal: Journal, shown: int = 10) -> dict[str, Any]:
     """The e-mails waiting to be sent: how many, and the oldest `shown` with their last error."""
-    waiting = journal.outbox_unsent()
+    waiting = journal.outbox.unsent()
     return {
         "backlog": len(waiting),
         "oldest": [
@@ -243,6 +249,9 @@ def status_command(arguments: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
         return 0
     echo(f"host {report['host']}  ({report['engine']}: {report['docker']})")
+    host = next((host for host in config.hosts if host.name == config.daemon.host), None)
+    # a cluster's sessions run on its nodes: say which, and the jobs there
+    on_nodes = host_capabilities(host).remote_nodes
     echo(f"\nrunning sessions ({len(report['sessions'])}):")
     for item in report["sessions"]:
         echo(
@@ -251,11 +260,7 @@ def status_command(arguments: argparse.Namespace) -> int:
             f"  [{item['state']}]  GPU use {_percent(item['gpu_use_now'])} now,"
             f" {_percent(item['gpu_use_average'])} average"
             f"  host ids {item['host_ids'] or 'none'}"
-            + (
-                f"  node {item['place']}: {', '.join(item['units']) or '-'}"
-                if report["engine"] == "slurm"
-                else ""
-            )
+            + (f"  node {item['place']}: {', '.join(item['units']) or '-'}" if on_nodes else "")
         )
     echo(f"\nupcoming reservations ({len(report['upcoming'])}):")
     for item in report["upcoming"]:
@@ -264,6 +269,13 @@ def status_command(arguments: argparse.Namespace) -> int:
             f"  {item['start']} → {item['end']}  [{item['state'] or 'booked'}]"
         )
         _echo_reason(item["reason"])
+    # per GPU by index, or intervals of a count where a scheduler places the GPUs
+    free = report.get("free", {})
+    echo("\nfree from now (what a walk-in booking can get):")
+    for item in free.get("gpus", []):
+        echo(f"  GPU {item['index']}: {item['text']}")
+    for item in free.get("intervals", []):
+        echo(f"  {item['text']}")
     disk = report["output_disk"]
     echo(f"\noutput disk: {disk['summary']}  [{disk['level']}]")
     if disk["refusal"]:
@@ -308,7 +320,7 @@ def history_command(arguments: argparse.Namespace) -> int:
     config = load_config(arguments.config)
     journal = _open_journal(config)
     try:
-        entries = journal.history(user=arguments.user, limit=arguments.limit)
+        entries = journal.history.entries(user=arguments.user, limit=arguments.limit)
     finally:
         journal.close()
     for entry in entries:
@@ -357,7 +369,7 @@ def plan_command(arguments: argparse.Namespace) -> int:
     if journal_path(config).exists():
         journal = Journal(journal_path(config), read_only=True)
         try:
-            known = frozenset(journal.states())
+            known = frozenset(journal.states.all())
         finally:
             journal.close()
     mine = [item for item in report.reservations.reservations if item.host == config.daemon.host]

@@ -85,6 +85,11 @@ def human_size(count: int) -> str:
 def _row(folder: OutputFolder, service: OutputService) -> dict[str, Any]:
     removal = folder.removal(service.config.storage)
     held, on_disk = folder_sizes(folder.path)
+    if folder.image is not None:
+        # never copied out of its capped image: the image is what the disk holds
+        with contextlib.suppress(OSError):
+            details = folder.image.stat()
+            held, on_disk = details.st_size, details.st_blocks * 512
     return {
         "user": folder.user,
         "path": str(folder.path),
@@ -95,6 +100,7 @@ def _row(folder: OutputFolder, service: OutputService) -> dict[str, Any]:
         "ended": folder.ended.isoformat() if folder.ended else None,
         "notice_sent": folder.notice_sent.isoformat() if folder.notice_sent else None,
         "removal": removal.isoformat() if removal else None,
+        "in_image": folder.image is not None,
     }
 
 
@@ -114,7 +120,8 @@ def list_command(arguments: argparse.Namespace) -> int:
         ended = "in use" if row["in_use"] else (row["ended"] or "?")[:16]
         removal = "never" if row["removal"] is None else row["removal"][:16]
         size, on_disk = human_size(row["bytes"]), human_size(row["disk_bytes"])
-        echo(f"{row['user']:<12} {size:>10} {on_disk:>10} {ended:<17} {removal:<17} {row['path']}")
+        path = f"{row['path']} (in its image)" if row["in_image"] else row["path"]
+        echo(f"{row['user']:<12} {size:>10} {on_disk:>10} {ended:<17} {removal:<17} {path}")
     return 0
 
 

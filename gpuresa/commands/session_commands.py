@@ -134,7 +134,7 @@ def describe(session: Session, config: Config) -> str:
         host.bind_address if host.bind_address not in ("0.0.0.0", "::") else host.name
     )
     timezone = ZoneInfo(config.reservations.timezone)
-    gpus = ",".join(map(str, session.gpus)) or "none"
+    gpus = ",".join(map(str, session.gpu_indices)) or "none"
     return "\n".join(
         [
             f"session {session.key} ({session.state}) for {session.user} until "
@@ -156,7 +156,7 @@ def _plain(session: Session) -> dict[str, Any]:
         "state": session.state,
         "template": session.template,
         "cuda": session.cuda,
-        "gpus": list(session.gpus),
+        "gpus": list(session.gpu_indices),
         "start": utc_text(session.start),
         "end": utc_text(session.end),
         "ssh_port": session.ssh_port,
@@ -188,7 +188,7 @@ def list_command(arguments: argparse.Namespace) -> int:
                 session.user,
                 session.state,
                 f"{session.template} {session.cuda or ''}".strip(),
-                ",".join(map(str, session.gpus)) or "-",
+                ",".join(map(str, session.gpu_indices)) or "-",
                 str(session.ssh_port),
                 str(session.ftp_port),
                 f"{session.end.astimezone(timezone):%Y-%m-%d %H:%M %Z}",

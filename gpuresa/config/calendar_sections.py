@@ -50,7 +50,9 @@ class DaemonConfig:
 
     host: str = Field("localhost", check=matches(NAME, "a host name"))
     state_dir: Path = Path("/var/lib/gpuresa")
-    poll_interval: timedelta = Field(timedelta(seconds=30), check=positive_duration)
+    # a booking that starts now is seen within this: an unchanged CalDAV poll is one
+    # small sync-token request, GRR's one aggregate query; local ICS files are watched
+    poll_interval: timedelta = Field(timedelta(seconds=5), check=positive_duration)
     prepare_ahead: timedelta = timedelta(minutes=5)
     stop_grace: timedelta = timedelta(seconds=30)
     cancel_grace: timedelta = timedelta(minutes=5)

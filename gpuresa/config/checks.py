@@ -162,3 +162,24 @@ def _storage_checks(config: Config) -> list[str]:
             f"('{warn}'); sessions would be refused before anyone is warned"
         )
     return problems
+
+
+def uncapped_output_warnings(config: Config) -> list[str]:
+    """The hosts whose sessions' outputs `storage.session_quota` cannot cap, each with its
+    key paths; none when session_quota is "none".
+
+    A udocker session writes its output as its login, on the host, in the
+    login's own folder: no project quota or image binds it (docs/udocker.md,
+    "What is not capped").
+    """
+    quota = (config.storage.session_quota or "none").strip().lower()
+    if quota == "none":
+        return []
+    return [
+        f"storage.session_quota ({config.storage.session_quota!r}) is not enforced on "
+        f"hosts[{index}] ({host.name!r}, engine udocker): its sessions write their outputs "
+        'as their logins, on the host, uncapped (docs/udocker.md, "What is not capped"); '
+        'where every host is a udocker one, set storage.session_quota = "none"'
+        for index, host in enumerate(config.hosts)
+        if host.engine == "udocker"
+    ]

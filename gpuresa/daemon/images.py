@@ -74,7 +74,7 @@ class Builds:
             if isinstance(result, Exception):
                 attempts = self.remembered.back_off(key, now)
                 reason = f"the image could not be built: {result}"
-                context.journal.set_state(key, "failed", now, f"attempt {attempts}: {reason}")
+                context.journal.states.set(key, "failed", now, f"attempt {attempts}: {reason}")
                 reservation = self.reservation(key)
                 if attempts == 1 and reservation is not None:
                     context.notices.failure(key, reservation.user, reservation.email, reason)

@@ -39,6 +39,7 @@ from gpuresa.daemon.survey import Survey
 from gpuresa.daemon.tools import Tools
 from gpuresa.model import Session
 from gpuresa.observe.state import Counters, Published
+from gpuresa.reservations.sources.watching import Watches
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,8 @@ class Loop:
         self.housekeeping = Housekeeping(self.tools, self._sessions)
         # monotonic time of the loop's last turn, for the watchdog
         self.heartbeat = self.clock.monotonic()
+        # local calendars watched while the loop runs: a change is polled at once
+        self.watches: Watches | None = None
 
     # --- what the daemon reads of the loop -------------------------------------------------
 
@@ -96,6 +99,9 @@ class Loop:
     def context(self, context: Context) -> None:
         """A reload: every part acts with the new context from now on."""
         self.tools.context = context
+        if self.watches is not None:
+            self.watches.close()
+            self.watches = self._watch()
 
     @property
     def published(self) -> Published:
@@ -133,7 +139,19 @@ class Loop:
         """Plan again as soon as the engine has been surveyed (from the loop thread)."""
         self.survey.want()
 
+    def _watch(self) -> Watches:
+        sources = self.context.calendars.sources.values()
+        return Watches(sources, lambda: self.post(self.polling.soon))
+
     def run(self) -> None:
+        self.watches = self._watch()
+        try:
+            self._run()
+        finally:
+            self.watches.close()
+            self.watches = None
+
+    def _run(self) -> None:
         while not self.stopping.is_set():
             try:
                 job: Callable[[], None] | None = self._queue.get(timeout=self._wait())

@@ -45,14 +45,14 @@ class Remembered:
     def load(cls, journal: Journal) -> Remembered:
         """What the journal kept of an earlier run (grace periods, messages shown)."""
         remembered = cls()
-        for key, value in journal.meta_with_prefix("missing:").items():
+        for key, value in journal.facts.with_prefix("missing:").items():
             if value:
                 remembered.missing_since[key] = datetime.fromisoformat(value)
-        for name in journal.meta_with_prefix("warned:"):
+        for name in journal.facts.with_prefix("warned:"):
             seconds, _, key = name.partition(":")
             if seconds.isdigit() and key:
                 remembered.warnings_sent.add((key, int(seconds)))
-        remembered.cancel_notified.update(journal.meta_with_prefix("cancel-notified:"))
+        remembered.cancel_notified.update(journal.facts.with_prefix("cancel-notified:"))
         return remembered
 
     def memory(
@@ -68,15 +68,15 @@ class Remembered:
         present = {session.key for session in sessions}
         for key in present - wanted - set(self.missing_since):
             self.missing_since[key] = now
-            journal.set_meta(f"missing:{key}", now.isoformat())
+            journal.facts.set(f"missing:{key}", now.isoformat())
         for key in list(self.missing_since):
             if key in wanted or key not in present:
                 del self.missing_since[key]
-                journal.delete_meta(f"missing:{key}")
+                journal.facts.delete(f"missing:{key}")
         for key in self.cancel_notified & wanted:
             # the booking came back: a later cancellation gets its own notice
             self.cancel_notified.discard(key)
-            journal.delete_meta(f"cancel-notified:{key}")
+            journal.facts.delete(f"cancel-notified:{key}")
         for port, until in list(self.refused_ports.items()):
             if now >= until:
                 del self.refused_ports[port]
@@ -93,10 +93,10 @@ class Remembered:
         for sent_key, seconds in list(self.warnings_sent):
             if sent_key not in present and sent_key not in busy and sent_key not in wanted:
                 self.warnings_sent.discard((sent_key, seconds))
-                journal.delete_meta(f"warned:{seconds}:{sent_key}")
+                journal.facts.delete(f"warned:{seconds}:{sent_key}")
         for key in self.cancel_notified - present - busy - wanted:
             self.cancel_notified.discard(key)
-            journal.delete_meta(f"cancel-notified:{key}")
+            journal.facts.delete(f"cancel-notified:{key}")
         specs: dict[str, SessionSpec | None] = {
             key: entry.payload if isinstance(entry.payload, SessionSpec) else None
             for key, entry in in_flight.items()
@@ -106,7 +106,7 @@ class Remembered:
         )
         return Memory(
             missing_since=dict(self.missing_since),
-            known=frozenset(journal.states()) | frozenset(wanted),
+            known=frozenset(journal.states.all()) | frozenset(wanted),
             warnings_sent=frozenset(self.warnings_sent),
             cancel_notified=frozenset(self.cancel_notified),
             retry_after=dict(self.retry_after),
@@ -126,7 +126,7 @@ class Remembered:
             if warning >= before:
                 seconds = int(warning.total_seconds())
                 self.warnings_sent.add((key, seconds))
-                journal.set_meta(f"warned:{seconds}:{key}", now.isoformat())
+                journal.facts.set(f"warned:{seconds}:{key}", now.isoformat())
 
     def extended(
         self, key: str, end: datetime, now: datetime, config: Config, journal: Journal
@@ -135,11 +135,11 @@ class Remembered:
         for sent_key, seconds in list(self.warnings_sent):
             if sent_key == key and end - timedelta(seconds=seconds) > now:
                 self.warnings_sent.discard((sent_key, seconds))
-                journal.delete_meta(f"warned:{seconds}:{key}")
+                journal.facts.delete(f"warned:{seconds}:{key}")
 
     def cancel_noticed(self, key: str, journal: Journal, now: datetime) -> None:
         self.cancel_notified.add(key)
-        journal.set_meta(f"cancel-notified:{key}", now.isoformat())
+        journal.facts.set(f"cancel-notified:{key}", now.isoformat())
 
     def back_off(self, key: str, now: datetime) -> int:
         """Count one more failed attempt and delay the next; returns the attempt number."""
@@ -160,5 +160,5 @@ class Remembered:
         for sent_key, seconds in list(self.warnings_sent):
             if sent_key == key:
                 self.warnings_sent.discard((sent_key, seconds))
-                journal.delete_meta(f"warned:{seconds}:{key}")
+                journal.facts.delete(f"warned:{seconds}:{key}")
         self.start_noticed = {item for item in self.start_noticed if item[0] != key}

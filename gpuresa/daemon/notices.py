@@ -29,7 +29,7 @@ from gpuresa.mail.outbox import Outbox
 from gpuresa.mail.smtp import Notifier
 from gpuresa.mail.wording import one_line
 from gpuresa.model import Rejection, Session
-from gpuresa.outputs.messages import end_details, runs_as_login, start_details
+from gpuresa.outputs.messages import end_details, session_capabilities, start_details
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class Notices:
             self._timezone,
             details=self._start_details(session),
             password_in_mail=configured is not None,
-            ftps=not runs_as_login(self.config, session),
+            ftps=session_capabilities(self.config, session).ftp_sidecar,
         )
         return self._to_user(session.key, kind, session.user, email or session.email, message)
 

@@ -13,6 +13,7 @@ import functools
 import logging
 from collections.abc import Callable, Iterable, Sequence
 
+from gpuresa.backends.capabilities import host_capabilities
 from gpuresa.config.sections import Config, HostConfig
 from gpuresa.daemon.executor import LIFE_CYCLE
 from gpuresa.daemon.periodic import Periodic
@@ -50,7 +51,7 @@ def held_back(actions: Sequence[Action], lost: Iterable[int]) -> tuple[list[Acti
     kept, held = [], []
     for action in actions:
         spec = getattr(action, "spec", None)
-        if isinstance(action, (Start, Recreate, Prepare)) and spec and gone & set(spec.gpus):
+        if isinstance(action, (Start, Recreate, Prepare)) and spec and gone & set(spec.gpu_indices):
             held.append(action.key)
         else:
             kept.append(action)
@@ -109,7 +110,7 @@ class GpuWatch:
         config = self.tools.context.config
         if self.sampler is None or config.telemetry.backend == "none":
             return
-        if config.host().engine == "slurm":
+        if host_capabilities(config.host()).remote_nodes:
             # telemetry reads this machine's GPUs, and a cluster's sessions run on its nodes:
             # matched against them, the login node's GPUs would pass for the sessions'
             return
@@ -205,10 +206,10 @@ class GpuWatch:
         now = self.tools.clock.now()
         what = "end the main container (GPUs lost inside the session)"
         if isinstance(outcome, Done):
-            context.journal.record_action(key, what, now, "ok")
+            context.journal.history.record_action(key, what, now, "ok")
         else:
             log.error("%s: ending the main container failed: %s", key, outcome)
-            context.journal.record_action(key, what, now, "failed", str(outcome))
+            context.journal.history.record_action(key, what, now, "failed", str(outcome))
             self.tools.counters.count_error("recreate")
         self.changed()
 

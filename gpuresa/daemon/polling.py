@@ -1,4 +1,4 @@
-"""The calendar poll, every `[daemon] poll_interval`, off the loop.
+"""The calendar poll, every `[daemon] poll_interval` and at once when a watched file changes.
 
 The poll reads the calendars and journals what they say on a thread of its
 own; its result is taken in on the loop thread: the bookings of this host,
@@ -50,6 +50,8 @@ class Polling:
         self.reservations: list[Reservation] = []
         # this host's bookings as the last poll gave them
         self.polled: list[Reservation] = []
+        # a calendar changed while a poll was under way: poll again once it is back
+        self.again = False
         self.hold: vanish.Hold | None = None
         self.report: CalendarReport | None = None
 
@@ -66,6 +68,13 @@ class Polling:
         if self.job.due(now):
             self.begin(now)
 
+    def soon(self) -> None:
+        """A watched calendar changed (on the loop): poll now, or again after the poll under way."""
+        if self.job.running:
+            self.again = True
+        else:
+            self.job.next_at = min(self.job.next_at, self.tools.clock.monotonic())
+
     def begin(self, now: float) -> None:
         run = self.job.begin(now)
         context = self.tools.context
@@ -73,7 +82,7 @@ class Polling:
         # what each prepared or running session was given: its labels' times and GPUs
         live = [item for item in self.sessions() if item.state in ("created", "running")]
         holding = {session.key: (session.start, session.end) for session in live}
-        holding_gpus = {session.key: len(session.gpus) for session in live}
+        holding_gpus = {session.key: session.gpu_count for session in live}
         self.tools.background(
             "poll",
             lambda: context.poll(wall, holding, holding_gpus),
@@ -84,7 +93,8 @@ class Polling:
         if not self.job.is_current(run):
             log.warning("a calendar poll abandoned for its slowness finished after all; ignored")
             return
-        self.job.finish(self.tools.clock.monotonic())
+        self.job.finish(self.tools.clock.monotonic(), 0.0 if self.again else None)
+        self.again = False
         if isinstance(result, Exception):
             log.error(
                 "calendar poll failed unexpectedly; keeping the last reservations: %s", result

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from gpuresa.backends.capabilities import host_capabilities
 from gpuresa.daemon.observing import GpuWatch, relevant_rejections
 from gpuresa.daemon.polling import Polling
 from gpuresa.daemon.survey import Survey
@@ -59,5 +60,7 @@ class Publisher:
             host_gpus=tuple(watch.inventory(self.survey.gpus).gpus),
             counters=self.tools.counters,
             outbox_backlog=context.outbox.backlog(),
+            # a scheduler places the GPUs: what is free is a count over time
+            places_gpus=host_capabilities(config.host()).places_gpus,
         )
         self.published.publish(state)

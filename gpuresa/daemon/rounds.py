@@ -82,12 +82,12 @@ class Rounds:
             index
             for entry in in_flight.values()
             if isinstance(entry.payload, Stop)
-            for index in by_key.get(entry.key, _NO_SESSION).gpus
+            for index in by_key.get(entry.key, _NO_SESSION).gpu_indices
         }
         for action in actions:
             session = by_key.get(action.key)
             if isinstance(action, Stop) and session is not None:
-                stopping_gpus.update(session.gpus)
+                stopping_gpus.update(session.gpu_indices)
             self._dispatch(action, session, now, stopping_gpus)
         self._owed_start_notices(sessions, now)
         self.timers = wakeups(reservations, sessions, inventory, now, config, memory)
@@ -107,7 +107,11 @@ class Rounds:
         if kind.lane == LIFE_CYCLE and executor.busy(key, KILL):
             return  # a forced kill of this session is under way: nothing new until it is done
         spec = getattr(action, "spec", None)
-        if kind.waits_for_gpus and spec is not None and stopping_gpus.intersection(spec.gpus):
+        if (
+            kind.waits_for_gpus
+            and spec is not None
+            and stopping_gpus.intersection(spec.gpu_indices)
+        ):
             # the GPUs' last session is still stopping: start once it is gone
             log.info("%s: waits for its GPUs' previous session to stop", key)
             return
@@ -151,7 +155,7 @@ class Rounds:
             if kind.latency is not None:
                 counters.observe_latency(kind.latency, self.tools.clock.monotonic() - dispatched)
             kind.settled(key, remembered, context)
-            context.journal.record_action(key, action.describe(), now, "ok")
+            context.journal.history.record_action(key, action.describe(), now, "ok")
             if isinstance(outcome, Started) and self.on_start is not None:
                 self.on_start(outcome.session, context.public_host())
             return
@@ -159,7 +163,7 @@ class Rounds:
         if isinstance(error, ImageMissing):
             self.builds.wait_for(key, error.template, error.cuda, now)
             return
-        context.journal.record_action(key, action.describe(), now, "failed", str(error))
+        context.journal.history.record_action(key, action.describe(), now, "failed", str(error))
         counters.count_error(f"{type(action).__name__.lower()}-failed")
         if isinstance(error, RuntimeUnavailable):
             self.survey.engine_down(error)
@@ -176,7 +180,7 @@ class Rounds:
             self._stop_failed(action, str(error), now)
         elif kind.on_failure == "back-off":
             attempts = remembered.back_off(key, now)
-            context.journal.set_state(key, "failed", now, f"attempt {attempts}: {error}")
+            context.journal.states.set(key, "failed", now, f"attempt {attempts}: {error}")
             spec = getattr(action, "spec", None)
             if attempts == 1 and spec is not None:
                 context.notices.failure(key, spec.user, spec.email, str(error))
@@ -209,7 +213,9 @@ class Rounds:
         now = self.tools.clock.now()
         result = "ok" if isinstance(outcome, Done) else "failed"
         error = None if result == "ok" else str(outcome)
-        self.tools.context.journal.record_action(key, "kill (stop escalated)", now, result, error)
+        self.tools.context.journal.history.record_action(
+            key, "kill (stop escalated)", now, result, error
+        )
         self.survey.changed()
 
     def overdue(self, key: str, what: str, payload: object) -> None:
@@ -217,7 +223,9 @@ class Rounds:
         now = self.tools.clock.now()
         log.error("%s: %s is overdue; it may be stuck in the engine", key, what)
         self.tools.counters.count_error("overdue")
-        self.tools.context.journal.record_action(key, what, now, "failed", "overran its deadline")
+        self.tools.context.journal.history.record_action(
+            key, what, now, "failed", "overran its deadline"
+        )
         if isinstance(payload, Stop):
             self._stop_failed(payload, "the stop overran its deadline", now)
 
@@ -232,8 +240,8 @@ class Rounds:
         """
         present = {session.key for session in sessions}
         journal = self.tools.context.journal
-        records = journal.meta_with_prefix("stopping:")
-        unwinding = journal.meta_with_prefix(UNWINDING)
+        records = journal.facts.with_prefix("stopping:")
+        unwinding = journal.facts.with_prefix(UNWINDING)
         work = self.tools.context.work
         jobs: dict[str, Callable[[], object]] = {
             key: functools.partial(work.finish_unwinding, key, reason, now)
@@ -263,8 +271,8 @@ class Rounds:
         if attempts >= MAX_FINISH_ATTEMPTS:
             # the containers are gone: what is left is the hand-over and the end notice
             finishing.pop(key, None)
-            self.tools.context.journal.delete_meta(f"stopping:{key}")
-            self.tools.context.journal.delete_meta(f"{UNWINDING}{key}")
+            self.tools.context.journal.facts.delete(f"stopping:{key}")
+            self.tools.context.journal.facts.delete(f"{UNWINDING}{key}")
             self.tools.context.notices.to_admin(
                 key,
                 "finish-stop-failed",
@@ -290,19 +298,19 @@ class Rounds:
             marker = (session.key, session.ssh_port, session.ftp_password)
             if marker in self.remembered.start_noticed:
                 continue
-            if self.tools.context.journal.state(session.key) in (
+            if self.tools.context.journal.states.get(session.key) in (
                 None,
                 "booked",
                 "preparing",
                 "failed",
             ):
-                self.tools.context.journal.set_state(session.key, "running", now, "adopted")
+                self.tools.context.journal.states.set(session.key, "running", now, "adopted")
             self.tools.context.notices.start(session, reservation.email)
             self.remembered.start_noticed.add(marker)
 
 
 class _NoSession:
-    gpus: tuple[int, ...] = ()
+    gpu_indices: tuple[int, ...] = ()
 
 
 _NO_SESSION = _NoSession()

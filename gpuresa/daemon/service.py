@@ -124,7 +124,7 @@ class Daemon:
             other = "?"
             try:
                 with Journal(journal_path(self.config), read_only=True) as journal:
-                    other = journal.get_meta("daemon_pid") or "?"
+                    other = journal.facts.get("daemon_pid") or "?"
             except UserError:
                 pass
             raise UserError(
@@ -133,7 +133,7 @@ class Daemon:
             ) from None
         journal, problem = open_journal(journal_path(self.config))
         self._journal = journal
-        journal.set_meta("daemon_pid", str(os.getpid()))
+        journal.facts.set("daemon_pid", str(os.getpid()))
         self.outbox = Outbox(journal, _notifier(self.config), clock=self._clock)
         context = Context(
             self.config, journal, self.outbox, runtime=self._runtime, clock=self._clock

@@ -81,9 +81,9 @@ class Context:
         # a booking that had its session keeps its slot after the session too: the one it
         # beat must not start for the rest of the time, nor its user be told it lost late
         journal = self.journal
-        held = {key for key, state in journal.states().items() if state in HELD_STATES}
+        held = {key for key, state in journal.states.all().items() if state in HELD_STATES}
         recent = now - self.config.reservations.window_past
-        rows = [row for row in journal.reservations(ending_after=recent) if row.key in held]
+        rows = [row for row in journal.reservations.all(ending_after=recent) if row.key in held]
         granted = {row.key: (row.start, row.end) for row in rows}
         granted.update(holding)
         granted_gpus = {row.key: row.gpus for row in rows}
@@ -91,25 +91,25 @@ class Context:
         claims = Claims(
             granted=granted,
             granted_gpus=granted_gpus,
-            ended=journal.ended_times(),
-            origins=journal.origins(),
+            ended=journal.reservations.ended_times(),
+            origins=journal.reservations.origins(),
         )
         report = self.calendars.poll(
             now,
-            first_seen=journal.first_seen_times(),
+            first_seen=journal.reservations.first_seen_times(),
             holding=frozenset(held | holding.keys()),
             claims=claims,
         )
         found = report.reservations
-        new_rejections = self.journal.record_reservations(found.reservations, found.rejected, now)
+        new_rejections = self.journal.reservations.record(found.reservations, found.rejected, now)
         for reservation in found.reservations:
-            if reservation.host == host and self.journal.state(reservation.key) in (
+            if reservation.host == host and self.journal.states.get(reservation.key) in (
                 None,
                 "rejected",
             ):
-                self.journal.set_state(reservation.key, "booked", now)
+                self.journal.states.set(reservation.key, "booked", now)
         for name, freshness in report.freshness.items():
-            self.journal.record_calendar(name, freshness.last_success, freshness.last_error, now)
+            self.journal.calendars.record(name, freshness.last_success, freshness.last_error, now)
         return report, new_rejections
 
     def reject(self, rejection: Rejection) -> None:
@@ -123,7 +123,7 @@ class Context:
         # a calendar whose events name their host (LOCATION) is read by every host's
         # daemon: the first host in the config speaks for all, so users get one e-mail
         speaks_for_all = not config.hosts or config.daemon.host == config.hosts[0].name
-        self.journal.set_state(rejection.key, "rejected", self.clock(), rejection.reason)
+        self.journal.states.set(rejection.key, "rejected", self.clock(), rejection.reason)
         if calendar is not None and calendar.host is None and not speaks_for_all:
             return
         log.warning("%s: rejected: %s", rejection.key, rejection.reason)

@@ -87,7 +87,7 @@ class Work:
     def prepare(self, action: Prepare, now: datetime) -> Done:
         assert action.spec is not None
         self._require_image(action.spec)
-        self.journal.set_state(action.key, "preparing", now)
+        self.journal.states.set(action.key, "preparing", now)
         self.runtime.prepare(action.spec)
         return Done()
 
@@ -100,9 +100,9 @@ class Work:
             # start what is down (often only the FTP sidecar): the user's processes in a
             # running main container go on
             log.warning("%s: a container exited before the end; starting it again", spec.key)
-        self.journal.set_state(spec.key, "preparing", now)
+        self.journal.states.set(spec.key, "preparing", now)
         session = self.runtime.start(spec)
-        self.journal.set_state(spec.key, "running", now, f"ssh port {session.ssh_port}")
+        self.journal.states.set(spec.key, "running", now, f"ssh port {session.ssh_port}")
         self.notices.start(session, spec.email)
         return Started(session)
 
@@ -112,24 +112,24 @@ class Work:
         self, action: Stop, session: Session | None, new_user: str | None, now: datetime
     ) -> Done:
         key = action.key
-        self.journal.set_state(key, "stopping", now, action.reason)
+        self.journal.states.set(key, "stopping", now, action.reason)
         # should this stop be cut short once the containers are gone, the next round
         # removes what is left (the network, the session's files): see `finish_unwinding`
-        self.journal.set_meta(f"{UNWINDING}{key}", action.reason)
+        self.journal.facts.set(f"{UNWINDING}{key}", action.reason)
         told = session is not None and session.state != "created"
         if told and session is not None and action.reason in ("ended", "cancelled", "reassigned"):
             # what the end notice needs, should a restart interrupt this stop
-            self.journal.set_meta(f"stopping:{key}", session_record(session, action.reason))
+            self.journal.facts.set(f"stopping:{key}", session_record(session, action.reason))
         self.runtime.stop(key, action.grace)
-        self.journal.set_state(key, FINAL_STATE[action.reason], now, action.reason)
-        self.journal.delete_meta(f"missing:{key}")
+        self.journal.states.set(key, FINAL_STATE[action.reason], now, action.reason)
+        self.journal.facts.delete(f"missing:{key}")
         if session is not None and told and action.reason != "orphan":
             if action.reason == "reassigned":
                 self.notices.reassigned(session, new_user or "another login")
             elif action.reason != "replan":
                 self.notices.end(session)
-        self.journal.delete_meta(f"stopping:{key}")
-        self.journal.delete_meta(f"{UNWINDING}{key}")
+        self.journal.facts.delete(f"stopping:{key}")
+        self.journal.facts.delete(f"{UNWINDING}{key}")
         return Done()
 
     def finish_unwinding(self, key: str, reason: str, now: datetime) -> Done:
@@ -140,10 +140,10 @@ class Work:
         (`reason`: the stop's). Idempotent. Raises what the engine raises.
         """
         self.runtime.kill(key)
-        if self.journal.state(key) == "stopping":
+        if self.journal.states.get(key) == "stopping":
             final = FINAL_STATE.get(reason, "ended")
-            self.journal.set_state(key, final, now, f"{reason} (finished after an interruption)")
-        self.journal.delete_meta(f"{UNWINDING}{key}")
+            self.journal.states.set(key, final, now, f"{reason} (finished after an interruption)")
+        self.journal.facts.delete(f"{UNWINDING}{key}")
         return Done()
 
     def kill(self, key: str) -> Done:
@@ -162,17 +162,17 @@ class Work:
             session, reason = session_from_record(record)
         except (ValueError, KeyError, TypeError):
             log.error("%s: unreadable record of an interrupted stop; dropped", key)
-            self.journal.delete_meta(f"stopping:{key}")
+            self.journal.facts.delete(f"stopping:{key}")
             return Done()
         log.info("%s: finishing a stop that a restart interrupted", key)
         self.runtime.kill(key)  # the network and files a stop cut short leaves
         self.runtime.finish_stop(session)
         final = "cancelled" if reason == "cancelled" else "ended"
-        self.journal.set_state(key, final, now, f"{reason} (finished after a restart)")
+        self.journal.states.set(key, final, now, f"{reason} (finished after a restart)")
         if reason != "reassigned":
             self.notices.end(session)
-        self.journal.delete_meta(f"stopping:{key}")
-        self.journal.delete_meta(f"{UNWINDING}{key}")
+        self.journal.facts.delete(f"stopping:{key}")
+        self.journal.facts.delete(f"{UNWINDING}{key}")
         return Done()
 
     # --- during a session ---------------------------------------------------------------
@@ -183,7 +183,7 @@ class Work:
 
     def warn(self, action: Warn, session: Session | None, now: datetime) -> Done:
         """The warning before the end: inside the session (best effort) and by e-mail."""
-        self.journal.set_state(action.key, "warned", now, action.describe())
+        self.journal.states.set(action.key, "warned", now, action.describe())
         if session is None:
             return Done()
         timezone = self.config.reservations.timezone
@@ -204,7 +204,7 @@ class Work:
         return Done()
 
     def fail(self, action: Fail, now: datetime) -> Done:
-        self.journal.set_state(action.key, "failed", now, action.reason)
+        self.journal.states.set(action.key, "failed", now, action.reason)
         log.error("%s: cannot be served: %s", action.key, action.reason)
         self.notices.failure(action.key, action.user, action.email, action.reason)
         return Done()

@@ -168,16 +168,16 @@ class UsageTracker:
         """The UUIDs of each running session's GPUs, recorded the first time they are seen."""
         bound = self.store.bound_gpus()
         for session in running:
-            if session.key in bound or not session.gpus:
+            if session.key in bound or not session.gpu_indices:
                 continue
-            readings = {index: snapshot.by_index(index) for index in session.gpus}
+            readings = {index: snapshot.by_index(index) for index in session.gpu_indices}
             found = {index: r.uuid for index, r in readings.items() if r is not None}
             if len(found) == len(readings):
                 self.store.bind_gpus(session.key, found)
                 bound[session.key] = found
             else:
                 log.warning("%s: GPU(s) %s not on the host at first sight", session.key,
-                            sorted(set(session.gpus) - set(found)))  # fmt: skip
+                            sorted(set(session.gpu_indices) - set(found)))  # fmt: skip
         return bound
 
     def _sample(self, session: Session, readings: Sequence[GpuReading], now: datetime) -> None:
@@ -215,7 +215,7 @@ class UsageTracker:
                 key=session.key,
                 user=session.user,
                 email=session.email,
-                gpus=session.gpus,
+                gpus=session.gpu_indices,
                 idle_since=idle.since,
                 now=now,
                 threshold=self.idle.threshold,
@@ -245,7 +245,9 @@ class UsageTracker:
             return None
         if not self.store.claim_report("lost-in-session", f"{session.key}:{main.id}", now):
             return None
-        return GpuLostInSession(session.key, session.user, session.email, session.gpus, main.id)
+        return GpuLostInSession(
+            session.key, session.user, session.email, session.gpu_indices, main.id
+        )
 
     def _check_host(
         self,

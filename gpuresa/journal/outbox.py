@@ -1,18 +1,16 @@
 """The journal's outbox table: e-mails waiting for the relay, and which notices went out.
 
-A part of `journal.Journal` (mixed in), kept apart for size; `gpuresa.mail.outbox`
-sends what is queued here. The table is made by the journal's migrations.
+A table of `gpuresa.journal.store.Journal` (`journal.outbox`); `gpuresa.mail.outbox`
+sends what is queued here. The SQL table is made by the journal's migrations.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
+from gpuresa.journal.database import Table, reads, writes
 from gpuresa.journal.times import from_text, optional_time, to_text
 
 
@@ -38,16 +36,18 @@ class OutboxMessage:
     sent_at: datetime | None
 
 
-class OutboxTable:
-    """The outbox methods of the journal; needs `_transaction` and `_query` (see `Journal`)."""
+class OutboxTable(Table):
+    """The e-mails to send and how sending them went (`journal.outbox`).
 
-    def _transaction(self) -> AbstractContextManager[sqlite3.Connection]:
-        raise NotImplementedError
+    Guarded, `add` falls back to None ("not stored": the caller keeps the
+    message in memory), the other writes to nothing, `unsent` to [] and
+    `backlog` to (0, None).
+    """
 
-    def _query(self, sql: str, parameters: Sequence[Any] = ()) -> list[sqlite3.Row]:
-        raise NotImplementedError
+    _label = "outbox."
 
-    def outbox_add(
+    @writes(fallback=None)
+    def add(
         self,
         key: str,
         kind: str | None,
@@ -56,12 +56,15 @@ class OutboxTable:
         body: str,
         copy_admin: bool,
         now: datetime,
-    ) -> bool:
+    ) -> bool | None:
         """Queue one e-mail, to be tried at once; False (nothing queued) when the notice
-        (`key`, `kind`) was queued or sent before. A None `kind` is always queued."""
-        with self._transaction() as connection:
+        (`key`, `kind`) was queued or sent before. A None `kind` is always queued.
+
+        Guarded, None when the journal could not store it.
+        """
+        with self._database.transaction() as connection:
             if kind is not None:
-                # sent before the outbox existed, or claimed through `mark_notified`
+                # sent before the outbox existed, or claimed through `journal.notices.claim`
                 claimed = connection.execute(
                     "SELECT 1 FROM notifications WHERE key = ? AND kind = ?", (key, kind)
                 ).fetchone()
@@ -78,52 +81,59 @@ class OutboxTable:
             )
             return cursor.rowcount == 1
 
-    def outbox_unsent(self, due_by: datetime | None = None) -> list[OutboxMessage]:
+    @reads(fallback=[])
+    def unsent(self, due_by: datetime | None = None) -> list[OutboxMessage]:
         """The e-mails not sent (nor dropped) yet, oldest first; with `due_by`, only
         those whose next try is at or before it, soonest first."""
         sql = "SELECT * FROM outbox WHERE sent_at IS NULL AND dropped_at IS NULL"
         if due_by is None:
-            rows = self._query(sql + " ORDER BY queued_at, id")
+            rows = self._database.query(sql + " ORDER BY queued_at, id")
         else:
-            rows = self._query(sql + " AND next_try <= ? ORDER BY next_try, id", (to_text(due_by),))
+            rows = self._database.query(
+                sql + " AND next_try <= ? ORDER BY next_try, id", (to_text(due_by),)
+            )
         return [_outbox_message(row) for row in rows]
 
-    def outbox_backlog(self) -> tuple[int, datetime | None]:
+    @reads(fallback=(0, None))
+    def backlog(self) -> tuple[int, datetime | None]:
         """How many e-mails wait to be sent, and the soonest next try among them."""
-        rows = self._query(
+        rows = self._database.query(
             "SELECT count(*) AS waiting, MIN(next_try) AS soonest FROM outbox "
             "WHERE sent_at IS NULL AND dropped_at IS NULL"
         )
         return int(rows[0]["waiting"]), optional_time(rows[0]["soonest"])
 
-    def outbox_sent(self, message_id: int, now: datetime) -> None:
+    @writes(fallback=None)
+    def mark_sent(self, message_id: int, now: datetime) -> None:
         """Record that the relay accepted message `message_id` (and claim its notice)."""
-        with self._transaction() as connection:
+        with self._database.transaction() as connection:
             cursor = connection.execute(
                 "UPDATE outbox SET sent_at = ?, attempts = attempts + 1, last_error = NULL "
                 "WHERE id = ? AND sent_at IS NULL",
                 (to_text(now), message_id),
             )
             if cursor.rowcount == 1:
-                # only while the row exists: `unmark_notified` may have withdrawn it meanwhile
+                # only while the row exists: `notices.release` may have withdrawn it meanwhile
                 connection.execute(
                     "INSERT OR IGNORE INTO notifications (key, kind, at) "
                     "SELECT key, kind, ? FROM outbox WHERE id = ? AND kind IS NOT NULL",
                     (to_text(now), message_id),
                 )
 
-    def outbox_failed(self, message_id: int, error: str, next_try: datetime) -> None:
+    @writes(fallback=None)
+    def mark_failed(self, message_id: int, error: str, next_try: datetime) -> None:
         """Record a failed attempt at message `message_id`, tried again at `next_try`."""
-        with self._transaction() as connection:
+        with self._database.transaction() as connection:
             connection.execute(
                 "UPDATE outbox SET attempts = attempts + 1, last_error = ?, next_try = ? "
                 "WHERE id = ? AND sent_at IS NULL",
                 (error, to_text(next_try), message_id),
             )
 
-    def outbox_drop(self, message_id: int, now: datetime, reason: str) -> None:
+    @writes(fallback=None)
+    def drop(self, message_id: int, now: datetime, reason: str) -> None:
         """Give up on message `message_id`; the history of its key shows why."""
-        with self._transaction() as connection:
+        with self._database.transaction() as connection:
             row = connection.execute(
                 "SELECT key, subject FROM outbox WHERE id = ? AND sent_at IS NULL", (message_id,)
             ).fetchone()
@@ -138,15 +148,6 @@ class OutboxTable:
                 "VALUES (?, ?, 'action', ?, 'failed', ?)",
                 (row[0], to_text(now), f"mail {row[1]!r} dropped", reason),
             )
-
-    def was_notified(self, key: str, kind: str) -> bool:
-        """Whether the notice (`key`, `kind`) was sent (or claimed with `mark_notified`)."""
-        rows = self._query(
-            "SELECT 1 FROM notifications WHERE key = ? AND kind = ? "
-            "UNION ALL SELECT 1 FROM outbox WHERE key = ? AND kind = ? AND sent_at IS NOT NULL",
-            (key, kind, key, kind),
-        )
-        return bool(rows)
 
 
 def _outbox_message(row: sqlite3.Row) -> OutboxMessage:

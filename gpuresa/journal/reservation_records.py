@@ -1,20 +1,18 @@
 """The journal's reservations and rejections: what each look at the calendars found, and since when.
 
-A part of `gpuresa.journal.store.Journal` (mixed in, like the outbox), kept
-apart for size; the tables are made by the journal's migrations
-(`gpuresa.journal.schema`).
+A table of `gpuresa.journal.store.Journal` (`journal.reservations`); the SQL
+tables are made by the journal's migrations (`gpuresa.journal.schema`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import sqlite3
-from collections.abc import Iterable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
+from gpuresa.journal.database import Table, reads, writes
 from gpuresa.journal.times import from_text, optional_text, optional_time, to_text
 from gpuresa.model import Rejection, Reservation
 
@@ -30,7 +28,7 @@ class RejectionRecord:
 
 
 def rejection_notice_kind(reason: str) -> str:
-    """The `mark_notified` kind for a rejection notice: "rejected:" and a hash of the reason.
+    """The notice kind for a rejection notice: "rejected:" and a hash of the reason.
 
     A booking rejected again for another reason gets a new notice; the same
     reason never twice.
@@ -38,17 +36,17 @@ def rejection_notice_kind(reason: str) -> str:
     return "rejected:" + hashlib.sha256(reason.encode("utf-8")).hexdigest()[:16]
 
 
-class ReservationTable:
-    """The reservation and rejection methods of the journal; needs `_transaction` and `_query`
-    (see `Journal`)."""
+class ReservationTable(Table):
+    """The reservations and rejections seen in the calendars (`journal.reservations`).
 
-    def _transaction(self) -> AbstractContextManager[sqlite3.Connection]:
-        raise NotImplementedError
+    Guarded, `record` falls back to [] (no rejection to announce) and reads
+    to None or an empty result.
+    """
 
-    def _query(self, sql: str, parameters: Sequence[Any] = ()) -> list[sqlite3.Row]:
-        raise NotImplementedError
+    _label = "reservations."
 
-    def record_reservations(
+    @writes(fallback=[])
+    def record(
         self,
         reservations: Iterable[Reservation],
         rejected: Iterable[Rejection],
@@ -63,7 +61,7 @@ class ReservationTable:
         """
         seen = to_text(now)
         announce: list[Rejection] = []
-        with self._transaction() as connection:
+        with self._database.transaction() as connection:
             for reservation in reservations:
                 connection.execute(
                     """
@@ -144,22 +142,25 @@ class ReservationTable:
                 )
         return announce
 
-    def reservation(self, key: str) -> Reservation | None:
+    @reads(fallback=None)
+    def get(self, key: str) -> Reservation | None:
         """The reservation `key` as last seen in a calendar, or None if never seen."""
-        rows = self._query("SELECT * FROM reservations WHERE key = ?", (key,))
+        rows = self._database.query("SELECT * FROM reservations WHERE key = ?", (key,))
         return _reservation(rows[0]) if rows else None
 
-    def reservations(self, ending_after: datetime | None = None) -> list[Reservation]:
+    @reads(fallback=[])
+    def all(self, ending_after: datetime | None = None) -> list[Reservation]:
         """Every reservation seen (those ending after `ending_after` if given), by start."""
         if ending_after is None:
-            rows = self._query("SELECT * FROM reservations ORDER BY start_at, key")
+            rows = self._database.query("SELECT * FROM reservations ORDER BY start_at, key")
         else:
-            rows = self._query(
+            rows = self._database.query(
                 "SELECT * FROM reservations WHERE end_at > ? ORDER BY start_at, key",
                 (to_text(ending_after),),
             )
         return [_reservation(row) for row in rows]
 
+    @reads(fallback=[])
     def rejections(self, ending_after: datetime | None = None) -> list[RejectionRecord]:
         """The bookings rejected now (not fixed since), by start; those ending after
         `ending_after` (or with no known end) if given.
@@ -169,7 +170,7 @@ class ReservationTable:
         if ending_after is not None:
             sql += " WHERE end_at IS NULL OR end_at > ?"
             parameters = (to_text(ending_after),)
-        rows = self._query(sql + " ORDER BY start_at, key", parameters)
+        rows = self._database.query(sql + " ORDER BY start_at, key", parameters)
         return [
             RejectionRecord(
                 rejection=Rejection(
@@ -189,13 +190,14 @@ class ReservationTable:
             for row in rows
         ]
 
+    @reads(fallback={})
     def first_seen_times(self) -> dict[str, datetime]:
         """When gpuresa first saw each booking, as a reservation or a rejection, by key.
 
         What decides between over-booked reservations (the one seen first
         wins): unlike CREATED, nobody can write it into an event.
         """
-        rows = self._query(
+        rows = self._database.query(
             """
             SELECT key, MIN(first_seen) AS first_seen FROM (
                 SELECT key, first_seen FROM reservations
@@ -205,21 +207,23 @@ class ReservationTable:
         )
         return {str(row["key"]): from_text(row["first_seen"]) for row in rows}
 
+    @reads(fallback={})
     def origins(self) -> dict[str, tuple[str, str]]:
         """Where gpuresa first saw each UID as a reservation: (calendar, object href).
 
         What decides between copies of one UID (see `gpuresa.reservations.claims`): the
         copy in that calendar and object keeps the booking.
         """
-        rows = self._query(
+        rows = self._database.query(
             "SELECT uid, calendar, href, first_seen FROM reservations ORDER BY first_seen DESC"
         )
         # the earliest row of each UID comes last, so it is the one kept
         return {str(row["uid"]): (str(row["calendar"]), str(row["href"])) for row in rows}
 
+    @reads(fallback={})
     def ended_times(self) -> dict[str, tuple[datetime, datetime]]:
         """The times each booking whose session ended had when it ended, by key."""
-        rows = self._query(
+        rows = self._database.query(
             """
             SELECT reservations.key, start_at, end_at FROM reservations
             JOIN states ON states.key = reservations.key WHERE states.state = 'ended'

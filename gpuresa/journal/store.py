@@ -22,29 +22,35 @@ never stored here.
 
 The schema carries a version; `gpuresa.journal.schema.MIGRATIONS` lists the
 steps from an empty file to the current one, and opening a file applies the
-missing steps. The reservations (`gpuresa.journal.reservation_records`), the
-history (`gpuresa.journal.history`) and the outbox (`gpuresa.journal.outbox`)
-each have their methods in their own module.
+missing steps.
+
+A `Journal` is its tables, each an object over the one connection
+(`gpuresa.journal.database.Database`): `journal.reservations`,
+`journal.states`, `journal.history`, `journal.notices`, `journal.outbox`,
+`journal.calendars` and `journal.facts`. Every public method of a table is a
+guarded read or write, so a guarded journal (the daemon's) never raises for
+a journal failure, whatever the method.
 """
 
 from __future__ import annotations
 
 import os
 import sqlite3
-import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 from gpuresa.errors import UserError
-from gpuresa.journal.history import HistoryTable
+from gpuresa.journal.database import Database, Table, writes
+from gpuresa.journal.facts import CalendarStatus, CalendarTable, FactTable
+from gpuresa.journal.history import HistoryTable, NoticeTable, StateTable
 from gpuresa.journal.outbox import OutboxTable
 from gpuresa.journal.reservation_records import ReservationTable
 from gpuresa.journal.schema import MIGRATIONS, SCHEMA_VERSION, TABLES
-from gpuresa.journal.times import from_text, optional_text, optional_time, to_text
+from gpuresa.journal.times import to_text
+
+__all__ = ["CalendarStatus", "Journal", "JournalTooNew", "JournalUnusable"]
 
 # the file and its folder: root only
 FILE_MODE = 0o600
@@ -60,16 +66,6 @@ class JournalUnusable(UserError):
 
 class JournalTooNew(UserError):
     """The journal was written by a newer gpuresa: it must be kept as it is."""
-
-
-@dataclass(frozen=True)
-class CalendarStatus:
-    """How fresh one calendar's view is: its last good read and its last error."""
-
-    name: str
-    last_success: datetime | None
-    last_error: str | None
-    checked_at: datetime
 
 
 def _damaged(error: BaseException) -> bool:
@@ -101,7 +97,7 @@ def _private_file(path: Path) -> None:
         _tighten(Path(f"{path}{companion}"), FILE_MODE)
 
 
-class Journal(ReservationTable, HistoryTable, OutboxTable):
+class Journal:
     """The state journal in one SQLite file, safe to share between threads.
 
     Given the file's path; creates its folder and brings its schema up to date.
@@ -114,13 +110,22 @@ class Journal(ReservationTable, HistoryTable, OutboxTable):
     -wal and -shm) gets mode 0600 and its folder 0700, also when they exist
     with looser modes. The path ":memory:" makes a journal that lives in
     memory only (a last resort when no file can be written).
+
+    With `guarded`, no read or write of its tables ever raises: a failure is
+    logged and the method's fallback returned (see `gpuresa.journal.guard`).
     """
 
-    def __init__(self, path: Path, *, read_only: bool = False, timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        read_only: bool = False,
+        timeout: float = 10.0,
+        guarded: bool = False,
+    ) -> None:
         self.path = Path(path)
         self.read_only = read_only
         self.in_memory = str(path) == ":memory:"
-        self._lock = threading.RLock()
         try:
             if self.in_memory:
                 self._connection = sqlite3.connect(
@@ -163,6 +168,24 @@ class Journal(ReservationTable, HistoryTable, OutboxTable):
             # SQLite made the companions with the file's mode; older ones may be looser
             for companion in COMPANIONS:
                 _tighten(Path(f"{self.path}{companion}"), FILE_MODE)
+        self._database = Database(self._connection, guarded=guarded)
+        self.reservations = ReservationTable(self._database)
+        self.states = StateTable(self._database)
+        self.history = HistoryTable(self._database)
+        self.notices = NoticeTable(self._database)
+        self.outbox = OutboxTable(self._database)
+        self.calendars = CalendarTable(self._database)
+        self.facts = FactTable(self._database)
+        self._retention = Retention(self._database)
+
+    @property
+    def guarded(self) -> bool:
+        """Whether a failed read or write is logged and replaced by a fallback."""
+        return self._database.guarded
+
+    def tables(self) -> dict[str, Table]:
+        """Every table of the journal by its attribute name (`_retention` for `trim`)."""
+        return {name: value for name, value in vars(self).items() if isinstance(value, Table)}
 
     # --- opening, migrations ------------------------------------------------------
 
@@ -183,7 +206,7 @@ class Journal(ReservationTable, HistoryTable, OutboxTable):
             raise JournalUnusable(f"{self.path}: the journal is damaged: {'; '.join(problems)}")
         # a committed transition must survive a power cut, not only kill -9
         connection.execute("PRAGMA synchronous = FULL")
-        with self._transaction():
+        with self._opening_transaction():
             connection.execute(
                 "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)"
             )
@@ -232,29 +255,21 @@ class Journal(ReservationTable, HistoryTable, OutboxTable):
         )
 
     @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        """The connection inside BEGIN IMMEDIATE … COMMIT, under the lock; rolled back on error."""
-        with self._lock:
-            self._connection.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._connection
-            except BaseException:
-                # SQLite may have rolled back already (a full disk, say)
-                if self._connection.in_transaction:
-                    self._connection.execute("ROLLBACK")
-                raise
-            self._connection.execute("COMMIT")
-
-    def _query(self, sql: str, parameters: Sequence[Any] = ()) -> list[sqlite3.Row]:
-        with self._lock:
-            cursor = self._connection.cursor()
-            cursor.row_factory = sqlite3.Row
-            return list(cursor.execute(sql, parameters))
+    def _opening_transaction(self) -> Iterator[None]:
+        """BEGIN IMMEDIATE … COMMIT for the migrations, rolled back on error (never guarded:
+        a journal that cannot be opened must say so)."""
+        self._connection.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            if self._connection.in_transaction:
+                self._connection.execute("ROLLBACK")
+            raise
+        self._connection.execute("COMMIT")
 
     def close(self) -> None:
         """Close the connection; the journal cannot be used afterwards."""
-        with self._lock:
-            self._connection.close()
+        self._database.close()
 
     def __enter__(self) -> Journal:
         return self
@@ -262,73 +277,15 @@ class Journal(ReservationTable, HistoryTable, OutboxTable):
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    # --- calendars and daemon facts ---------------------------------------------------
+    def trim(self, now: datetime, retention: timedelta) -> int:
+        """Forget what is older than `retention` before `now` (see `Retention.trim`)."""
+        return self._retention.trim(now, retention)
 
-    def record_calendar(
-        self, name: str, last_success: datetime | None, last_error: str | None, now: datetime
-    ) -> None:
-        """Record one attempt to read calendar `name`.
 
-        After a good read pass `last_success` (and no error); after a failure
-        pass None and the error: the previous last success is kept.
-        """
-        with self._transaction() as connection:
-            connection.execute(
-                """
-                INSERT INTO calendars (name, last_success, last_error, checked_at)
-                VALUES (?, ?, ?, ?)
-                ON CONFLICT (name) DO UPDATE SET
-                    last_success = COALESCE(excluded.last_success, calendars.last_success),
-                    last_error = excluded.last_error,
-                    checked_at = excluded.checked_at
-                """,
-                (name, optional_text(last_success), last_error, to_text(now)),
-            )
+class Retention(Table):
+    """The journal's forgetting, across its tables; guarded, `trim` falls back to 0."""
 
-    def calendars(self) -> dict[str, CalendarStatus]:
-        """Every calendar's freshness, by name."""
-        return {
-            row["name"]: CalendarStatus(
-                name=row["name"],
-                last_success=optional_time(row["last_success"]),
-                last_error=row["last_error"],
-                checked_at=from_text(row["checked_at"]),
-            )
-            for row in self._query("SELECT * FROM calendars ORDER BY name")
-        }
-
-    def set_meta(self, name: str, value: str) -> None:
-        """Keep a small daemon fact (last poll time, daemon pid…) under `name`."""
-        with self._transaction() as connection:
-            connection.execute(
-                "INSERT INTO meta (name, value) VALUES (?, ?) "
-                "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
-                (name, value),
-            )
-
-    def get_meta(self, name: str) -> str | None:
-        """The fact kept under `name`, or None."""
-        rows = self._query("SELECT value FROM meta WHERE name = ?", (name,))
-        return str(rows[0]["value"]) if rows else None
-
-    def meta_with_prefix(self, prefix: str) -> dict[str, str]:
-        """Every fact whose name starts with `prefix`, by the rest of its name.
-
-        `set_meta("missing:r1", …)` comes back as {"r1": …} for prefix "missing:".
-        """
-        rows = self._query(
-            "SELECT name, value FROM meta WHERE substr(name, 1, ?) = ? ORDER BY name",
-            (len(prefix), prefix),
-        )
-        return {str(row["name"])[len(prefix) :]: str(row["value"]) for row in rows}
-
-    def delete_meta(self, name: str) -> None:
-        """Forget the fact kept under `name` (nothing happens if there is none)."""
-        with self._transaction() as connection:
-            connection.execute("DELETE FROM meta WHERE name = ?", (name,))
-
-    # --- retention ------------------------------------------------------------------------
-
+    @writes(fallback=0)
     def trim(self, now: datetime, retention: timedelta) -> int:
         """Forget what is older than `retention` before `now`; returns the rows deleted.
 
@@ -341,7 +298,7 @@ class Journal(ReservationTable, HistoryTable, OutboxTable):
             raise ValueError(f"a retention must be longer than 0s, not {retention}")
         cut = to_text(now - retention)
         deleted = 0
-        with self._transaction() as connection:
+        with self._database.transaction() as connection:
             for statement in (
                 "DELETE FROM events WHERE at < ?1",
                 "DELETE FROM notifications WHERE at < ?1",

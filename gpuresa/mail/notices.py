@@ -37,11 +37,12 @@ def printable(text: str) -> str:
     return inert_lines(text)
 
 
-def _gpus(gpus: tuple[int, ...]) -> str:
-    if not gpus:
-        return "none"
-    count = plural(len(gpus), "GPU")
-    return f"{', '.join(str(index) for index in gpus)} ({count})"
+def _gpus(session: Session) -> str:
+    count = plural(session.gpu_count, "GPU")
+    if session.gpu_indices:
+        return f"{', '.join(str(index) for index in session.gpu_indices)} ({count})"
+    # a scheduler's session: its node chooses the devices
+    return f"{count} on its node" if session.gpu_count else "none"
 
 
 def _template(session: Session) -> str:
@@ -89,7 +90,7 @@ your GPU session on {session.host} has started. Log in with:
 
 ssh -p {session.ssh_port} {session.user}@{public_host}
 
-  GPUs:      {_gpus(session.gpus)}
+  GPUs:      {_gpus(session)}
   Template:  {_template(session)}
   Ends:      {end}
 
@@ -274,7 +275,7 @@ def banner_text(session: Session, timezone: str, *, output_target: Path = OUTPUT
 
     Free of terminal control characters, whatever the booking said.
     """
-    what = f"{_template(session)}, GPUs {_gpus(session.gpus)}"
+    what = f"{_template(session)}, GPUs {_gpus(session)}"
     text = f"""\
 gpuresa session of {session.user} on {session.host}: {what}
 This session ends {format_time(session.end, timezone)}; it is then stopped.

@@ -101,10 +101,15 @@ class Outbox:
         message is then kept in memory.
         """
         now = self.clock()
+        queued: bool | None
         try:
-            queued = self.journal.outbox_add(key, kind, address, subject, body, copy_admin, now)
+            queued = self.journal.outbox.add(key, kind, address, subject, body, copy_admin, now)
         except sqlite3.Error as error:
-            log.error("%s: cannot journal an e-mail (%s); keeping it in memory", key, error)
+            log.error("%s: cannot journal an e-mail (%s)", key, error)
+            queued = None
+        if queued is None:
+            # not stored (a guarded journal says so with None): sent from memory
+            log.error("%s: an e-mail the journal could not store is kept in memory", key)
             queued = self._hold(key, kind, address, subject, body, copy_admin, now)
         if queued:
             self._wake.set()
@@ -142,7 +147,7 @@ class Outbox:
     def backlog(self) -> int:
         """How many messages wait to be sent."""
         try:
-            waiting, _ = self.journal.outbox_backlog()
+            waiting, _ = self.journal.outbox.backlog()
         except sqlite3.Error as error:
             log.error("cannot read the outbox (%s)", error)
             waiting = 0
@@ -152,7 +157,7 @@ class Outbox:
     def pending(self) -> list[OutboxMessage]:
         """The messages waiting to be sent, oldest first, with their attempts and last error."""
         try:
-            waiting = self.journal.outbox_unsent()
+            waiting = self.journal.outbox.unsent()
         except sqlite3.Error as error:
             log.error("cannot read the outbox (%s)", error)
             waiting = []
@@ -166,7 +171,7 @@ class Outbox:
             if (key, kind) in self._held_sent:
                 return True
         try:
-            return self.journal.was_notified(key, kind)
+            return self.journal.notices.was_sent(key, kind)
         except sqlite3.Error as error:
             log.error("%s: cannot read the outbox (%s)", key, error)
             return False
@@ -186,7 +191,7 @@ class Outbox:
         """Seconds until the soonest next try (at most `LONGEST_NAP`)."""
         soonest: datetime | None
         try:
-            _, soonest = self.journal.outbox_backlog()
+            _, soonest = self.journal.outbox.backlog()
         except sqlite3.Error:
             soonest = None
         with self._lock:
@@ -199,7 +204,7 @@ class Outbox:
 
     def _due(self, now: datetime) -> list[OutboxMessage]:
         try:
-            due = self.journal.outbox_unsent(due_by=now)
+            due = self.journal.outbox.unsent(due_by=now)
         except sqlite3.Error as error:
             log.error("cannot read the outbox (%s); sending what is kept in memory", error)
             due = []
@@ -254,7 +259,7 @@ class Outbox:
                     self._held_sent.add((message.key, message.kind))
             return
         try:
-            self.journal.outbox_sent(message.id, self.clock())
+            self.journal.outbox.mark_sent(message.id, self.clock())
         except sqlite3.Error as error:
             # the relay has it; only a restart before the journal recovers resends it
             log.error("%s: e-mail sent but not journaled (%s)", message.key, error)
@@ -280,7 +285,7 @@ class Outbox:
                     )
             return
         try:
-            self.journal.outbox_failed(message.id, error, next_try)
+            self.journal.outbox.mark_failed(message.id, error, next_try)
         except sqlite3.Error as journal_error:
             log.error("%s: cannot journal a failed e-mail (%s)", message.key, journal_error)
 
@@ -297,7 +302,7 @@ class Outbox:
                 self._held.pop(message.id, None)
             return
         try:
-            self.journal.outbox_drop(message.id, now, reason)
+            self.journal.outbox.drop(message.id, now, reason)
         except sqlite3.Error as error:
             log.error("%s: cannot journal a dropped e-mail (%s)", message.key, error)
 

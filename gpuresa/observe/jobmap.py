@@ -43,7 +43,7 @@ def write_job_mapping(
     holders: dict[int, list[str]] = {}
     for session in sessions:
         if session.state == "running":
-            for index in session.gpus:
+            for index in session.gpu_indices:
                 holders.setdefault(index, []).append(session.key)
     written = {}
     for index in sorted(set(gpus) | set(holders)):

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta, tzinfo
 from html import escape
 
 from gpuresa.inert import inert
+from gpuresa.observe.free import free_lines
 from gpuresa.observe.state import BookingView, ObservedState, SessionView
 
 # one colour per state; the page test finds the timeline's bars by them
@@ -234,6 +235,7 @@ def render_page(state: ObservedState, zone: tzinfo, days: int = 3) -> str:
         ]
         for c in state.calendars
     ]
+    free = [[_cell(label), _cell(sentence)] for label, sentence in free_lines(state.free, zone)]
     telemetry = (
         f"GPUs read through {_text(state.telemetry_source)}"
         if state.telemetry_error is None
@@ -249,6 +251,9 @@ def render_page(state: ObservedState, zone: tzinfo, days: int = 3) -> str:
 <p class="muted">as of {_text(_when(state.taken, zone))} ({_text(str(zone))}) · {telemetry}</p>
 <h2>Next {days} days</h2>
 {_timeline(state, zone, days)}
+<h2>Free from now</h2>
+<p class="muted">What a walk-in booking can get, as bookings stand now.</p>
+{_table(["GPU", "free"], free, "No GPU on this host.")}
 <h2>Sessions</h2>
 {
         _table(

@@ -18,6 +18,7 @@ from gpuresa.gpus.readings import GpuSnapshot
 from gpuresa.gpus.tracker import TrackerView
 from gpuresa.gpus.usage_store import SessionUse
 from gpuresa.model import Rejection, Reservation, Session
+from gpuresa.observe.free import FreeView, free_view
 from gpuresa.planning.allocation import Holding, Ports, allocate_gpus
 
 # seconds; a start pulls nothing and builds nothing, a stop waits its grace
@@ -104,6 +105,8 @@ class ObservedState:
     outbox_backlog: int | None = None
     errors: Mapping[str, int] = field(default_factory=dict)
     latency: Mapping[str, Histogram] = field(default_factory=dict)
+    # what is free from `taken` on, per GPU or as a count (gpuresa.observe.free)
+    free: FreeView = field(default_factory=FreeView)
 
 
 class Counters:
@@ -164,7 +167,7 @@ def _planned(
 ) -> list[BookingView]:
     """Upcoming bookings with the GPUs they would get if allocated now, earliest first."""
     nowhere = Ports(0, 0, 0, -1)
-    holdings = [Holding(s.key, s.gpus, nowhere, s.start, s.end) for s in sessions]
+    holdings = [Holding(s.key, s.gpu_indices, nowhere, s.start, s.end) for s in sessions]
     views = []
     for reservation in sorted(upcoming, key=lambda item: (item.start, item.key)):
         gpus = allocate_gpus(
@@ -202,18 +205,24 @@ def build_state(
     host_gpus: tuple[int, ...] = (),
     counters: Counters | None = None,
     outbox_backlog: int | None = None,
+    places_gpus: bool = False,
 ) -> ObservedState:
-    """The picture of this host at `now`, from what the daemon already holds (no I/O)."""
+    """The picture of this host at `now`, from what the daemon already holds (no I/O).
+
+    `reservations` are the accepted ones the planner sees; `places_gpus`: the
+    host's scheduler places GPUs itself, so what is free is shown as a count.
+    """
+    reservations = [item for item in reservations if item.host == host]
     uses = uses or {}
     view = view or TrackerView()
     snapshot = snapshot or GpuSnapshot(now, "none", error="not sampled yet")
-    holder = {index: s for s in sessions if s.state == "running" for index in s.gpus}
+    holder = {index: s for s in sessions if s.state == "running" for index in s.gpu_indices}
     session_views = tuple(
         SessionView(
             s.key,
             s.user,
             s.state,
-            s.gpus,
+            s.gpu_indices,
             s.start,
             s.end,
             s.ssh_port,
@@ -259,4 +268,5 @@ def build_state(
         outbox_backlog=outbox_backlog,
         errors=counters.errors() if counters else {},
         latency=counters.histograms() if counters else {},
+        free=free_view(reservations, sessions, gpus, places_gpus, now),
     )

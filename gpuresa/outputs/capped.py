@@ -14,7 +14,8 @@ what every running image may still grow (its size less what it holds) and
 refuses a new session whose cap would leave less than `free_refuse` free.
 
 At the end the output is copied out of the image into its folder of the
-store (`cp -a`: links stay links, nothing is followed), and the image is
+store (`copying.copy_tree`: any depth, links stay links, nothing is
+followed), and the image is
 unmounted and removed; the hand-over then works on that folder as for any
 output. A copy costs time for big outputs, but keeps one simple state after
 the end (a plain folder, served by the output service, pruned by deleting):
@@ -23,21 +24,34 @@ each reboot, mount propagation into the output service's container and
 unmounts before every prune. The copy is made before the image goes, so a
 daemon killed at any point leaves the image and the record (see
 `output_area.remember`), and the next maintenance round copies it again.
+An output that cannot be copied out (a damaged image, a full disk) stays in
+its image, which is recorded as an output of its own (`records.image_relative`):
+listed, and removed with its image (`discard_image`) at the end of its
+retention like any output.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import subprocess
 from pathlib import Path
 
 from gpuresa.config.sections import Config
+from gpuresa.outputs.copying import copy_tree
 from gpuresa.outputs.disk import free_bytes, gibibytes, measure, mount_of, quota_problem
+from gpuresa.outputs.tree import remove_tree
 from gpuresa.runtime.errors import SessionError
 from gpuresa.runtime.labels import safe_key
-from gpuresa.runtime.output_area import in_host_namespace, store
+from gpuresa.runtime.output_area import (
+    forget,
+    in_host_namespace,
+    running_path,
+    store,
+    stored_path,
+)
 
 log = logging.getLogger(__name__)
 
@@ -207,8 +221,10 @@ def release_capped(config: Config, key: str, running: Path, stored: Path) -> Non
 
     Nothing happens when the session has no image. Given the running path
     (where the image may still be mounted) and the store's folder (the
-    hand-over's source, made if missing). Raises `OSError` when the copy,
-    mount or unmount fails: the image stays, and the hand-over is retried.
+    hand-over's source). The copy goes to any depth, whatever the names
+    (`copying.copy_tree`). Raises `OSError` when the copy, mount or unmount
+    fails: the image stays whole, nothing half-copied is left in `stored`,
+    and the hand-over is retried.
     """
     image = image_path(config, key)
     # the image's mount at the running path, and one shown at the store's path (shared
@@ -218,13 +234,16 @@ def release_capped(config: Config, key: str, running: Path, stored: Path) -> Non
             _run("umount", str(point))
     if not image.is_file():
         return
+    _room_to_copy(config, image)
+    # the image is the output: what is at `stored` is its empty mount point, or what
+    # a daemon killed during an earlier copy left
+    remove_tree(stored)
     reader = store(config) / f".{safe_key(key)}.copy"
     reader.mkdir(mode=0o700, exist_ok=True)
-    stored.mkdir(mode=0o700, exist_ok=True)
     try:
-        _run("mount", "-t", "ext4", "-o", MOUNT_OPTIONS, str(image), str(reader))
+        _run("mount", "-t", "ext4", "-o", f"{MOUNT_OPTIONS},ro", str(image), str(reader))
         try:
-            _run("cp", "-a", "--sparse=always", "--no-target-directory", f"{reader}/", str(stored))
+            copy_tree(reader, stored)
         finally:
             _run("umount", str(reader))
     finally:
@@ -232,3 +251,45 @@ def release_capped(config: Config, key: str, running: Path, stored: Path) -> Non
             reader.rmdir()
     image.unlink()
     log.info("%s: output copied out of its image into %s", key, stored)
+
+
+def _room_to_copy(config: Config, image: Path) -> None:
+    """Raise `OSError` (ENOSPC) when copying what `image` holds would take the output disk
+    below `free_refuse`, less what running sessions' images may still grow.
+
+    Copied there anyway, it would fill the disk under the running sessions (their
+    images are sparse) and fail, each round again; kept in its image, it is
+    listed and removed at the end of its retention like any output.
+    """
+    details = image.stat()
+    needed = details.st_blocks * 512
+    state = measure(config.storage, config.daemon.state_dir)
+    keep = free_bytes(config.storage.free_refuse, state.total)
+    # this image's own promise ends with the copy: only the others' count
+    promised = committed_bytes(config) - max(0, details.st_size - needed)
+    if state.free - promised - needed < keep:
+        raise OSError(
+            errno.ENOSPC,
+            f"the output disk has no room to copy {gibibytes(needed)} out of its image: "
+            f"{state.summary}, {gibibytes(promised)} promised to running sessions, "
+            f"storage.free_refuse ({config.storage.free_refuse}) kept free",
+        )
+
+
+def discard_image(config: Config, key: str) -> bool:
+    """Remove session `key`'s output kept in its image (its retention is over).
+
+    Unmounts it where it is still mounted, removes the image, what a failed
+    copy left in the store and the record of the pending hand-over. Returns
+    whether an image was there; raises `OSError` when it cannot be removed.
+    """
+    for point in (running_path(config, key), stored_path(config, key)):
+        while os.path.ismount(point):
+            _run("umount", str(point))
+    image = image_path(config, key)
+    found = image.is_file()
+    image.unlink(missing_ok=True)
+    remove_tree(stored_path(config, key))
+    forget(config, key)
+    log.info("%s: output kept in its image %s removed (retention over)", key, image)
+    return found

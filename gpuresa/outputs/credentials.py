@@ -11,9 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import logging
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
 from cryptography import x509
@@ -22,59 +20,12 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 
 from gpuresa.config.sections import Config
+from gpuresa.safe_files import create_once, private_folder, replace_file
 
 log = logging.getLogger(__name__)
 
 TLS_FOLDER = "tls"
 SESSION_COPY = "session"
-
-
-def _temporary(folder: Path, data: bytes, uid: int, gid: int) -> Path:
-    """A new file in `folder` holding `data`, owned by uid:gid, mode 0600 (a unique name)."""
-    descriptor, name = tempfile.mkstemp(dir=folder, prefix=".new-")
-    try:
-        os.write(descriptor, data)
-        os.fchown(descriptor, uid, gid)
-    finally:
-        os.close(descriptor)
-    return Path(name)
-
-
-def _write_private(path: Path, data: bytes, uid: int = 0, gid: int = 0) -> None:
-    """Replace `path` with `data` as uid:gid, mode 0600, atomically; never through a link.
-
-    Safe from several threads at once (each writes a file of its own first).
-    """
-    temporary = _temporary(path.parent, data, uid, gid)
-    try:
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-
-
-def _create_once(path: Path, data: bytes) -> None:
-    """Make `path` (root's, 0600) holding `data` unless it exists: the first maker wins.
-
-    `os.link` fails when the name is taken, so two daemons or threads making the
-    host's keys at once agree on one key instead of overwriting each other's.
-    """
-    temporary = _temporary(path.parent, data, 0, 0)
-    try:
-        os.link(temporary, path)
-    except FileExistsError:
-        pass
-    finally:
-        temporary.unlink(missing_ok=True)
-
-
-def _private_folder(path: Path, uid: int = 0, gid: int = 0) -> Path:
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if path.is_symlink():
-        raise OSError(f"{path} is a symbolic link")
-    os.chown(path, uid, gid)
-    os.chmod(path, 0o700)
-    return path
 
 
 class HostCredentials:
@@ -91,7 +42,7 @@ class HostCredentials:
         storage = self.config.storage
         if storage.ftp_tls_cert is not None and storage.ftp_tls_key is not None:
             return storage.ftp_tls_cert, storage.ftp_tls_key
-        _private_folder(self.tls_folder)
+        private_folder(self.tls_folder)
         certificate = self.tls_folder / "ftp-cert.pem"
         key = self.tls_folder / "ftp-key.pem"
         if not certificate.is_file():
@@ -99,12 +50,11 @@ class HostCredentials:
             log.info("making a self-signed FTPS certificate for %s in %s", name, certificate)
             # one file holds both, made once: a key and a certificate always match
             pem_key, pem_certificate = self_signed(name)
-            _create_once(self.tls_folder / "ftp.pem", pem_key + pem_certificate)
+            create_once(self.tls_folder / "ftp.pem", pem_key + pem_certificate)
             bundle = (self.tls_folder / "ftp.pem").read_bytes()
             marker = b"-----BEGIN CERTIFICATE-----"
-            _write_private(key, bundle[: bundle.index(marker)])
-            _write_private(certificate, bundle[bundle.index(marker) :])
-            os.chmod(certificate, 0o644)
+            replace_file(key, bundle[: bundle.index(marker)])
+            replace_file(certificate, bundle[bundle.index(marker) :], mode=0o644)
         return certificate, key
 
     def tls_fingerprint(self) -> str:
@@ -117,7 +67,7 @@ class HostCredentials:
         """A copy of the certificate and key readable by a sidecar's root; its folder."""
         certificate, key = self.tls_files()
         # one copy per id range: sessions of different ranges (Podman) each read their own
-        folder = _private_folder(self.tls_folder / f"{SESSION_COPY}-{uid}", uid, gid)
+        folder = private_folder(self.tls_folder / f"{SESSION_COPY}-{uid}", uid, gid)
         _copy_if_changed(certificate, folder / "cert.pem", uid, gid)
         _copy_if_changed(key, folder / "key.pem", uid, gid)
         return folder
@@ -131,7 +81,7 @@ def _copy_if_changed(source: Path, target: Path, uid: int, gid: int) -> None:
             return
     except FileNotFoundError:
         pass
-    _write_private(target, data, uid, gid)
+    replace_file(target, data, uid=uid, gid=gid)
 
 
 def self_signed(name: str) -> tuple[bytes, bytes]:

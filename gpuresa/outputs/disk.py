@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from gpuresa.config.checks import uncapped_output_warnings
 from gpuresa.config.schema import Invalid, Share, Size, parse_size
 from gpuresa.config.sections import Config, StorageConfig
 
@@ -259,6 +260,7 @@ def disk_warnings(config: Config) -> list[str]:
                 f"storage.session_quota is kept with a filesystem image per session "
                 f"(loop mount) instead of project quotas: {problem}"
             )
+    warnings.extend(uncapped_output_warnings(config))
     return warnings
 
 

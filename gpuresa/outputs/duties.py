@@ -15,7 +15,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from gpuresa.config.sections import Config
 from gpuresa.errors import UserError
+from gpuresa.mail.wording import format_remaining
 from gpuresa.model import Session
 from gpuresa.outputs.disk import DiskState, Level
 from gpuresa.outputs.handover import retry_pending
@@ -24,6 +26,7 @@ from gpuresa.outputs.messages import (
     disk_warning_message,
     removal_notice_message,
 )
+from gpuresa.outputs.records import image_relative
 from gpuresa.outputs.service import OutputService
 from gpuresa.runtime.errors import RuntimeUnavailable, SessionError
 
@@ -69,7 +72,7 @@ class OutputDuties:
         except (SessionError, RuntimeUnavailable, OSError) as error:
             log.error("the output service is not running: %s", error)
             parts.append("output service DOWN")
-        parts.append(self._hand_overs(now, sessions, to_admin))
+        parts.append(self._hand_overs(now, sessions, to_user, to_admin))
         try:
             parts.append(self._notices_and_removals(now, to_user))
         except (RuntimeUnavailable, OSError) as error:
@@ -82,25 +85,35 @@ class OutputDuties:
             log.error("cannot measure the output disk: %s", error)
         return "; ".join(parts)
 
-    def _hand_overs(self, now: datetime, sessions: Sequence[Session], to_admin: ToAdmin) -> str:
+    def _hand_overs(
+        self, now: datetime, sessions: Sequence[Session], to_user: ToUser, to_admin: ToAdmin
+    ) -> str:
         """Retry the hand-overs that failed (their outputs wait where only root reaches them)."""
-        host = self.service.config.daemon.host
+        config = self.service.config
+        failed: list[str] = []
 
         def report(key: str, problem: str) -> None:
-            subject = f"output of {key} not handed over on {host}"
+            failed.append(key)
+            subject = f"output of {key} not handed over on {config.daemon.host}"
             body = (
                 f"The output of session {key} could not be handed to its owner: {problem}.\n"
                 "It stays where only root can reach it, and gpuresa tries again every round.\n"
             )
             to_admin(key, "output-hand-over", subject, body)
+            kept = self.service.records.read(image_relative(key))
+            if kept and kept.get("image"):
+                to_user(key, "output-in-image", kept["user"], None, _in_image_message(key, config))
 
         try:
             live = {session.key for session in sessions}
-            done = retry_pending(self.service.config, live, report, now, settle=PENDING_SETTLE)
+            done = retry_pending(config, live, report, now, settle=PENDING_SETTLE)
         except OSError as error:
             log.error("hand-overs not retried this round: %s", error)
             return "hand-overs not retried"
-        return f"{done} hand-over(s) finished late" if done else "no hand-over pending"
+        parts = [f"{done} hand-over(s) finished late"] if done else []
+        if failed:
+            parts.append(f"{len(failed)} hand-over(s) failing ({', '.join(failed)})")
+        return "; ".join(parts) or "no hand-over pending"
 
     def _notices_and_removals(self, now: datetime, to_user: ToUser) -> str:
         storage = self.service.config.storage
@@ -140,3 +153,21 @@ class OutputDuties:
             subject, body = disk_admin_message(disk, host)
             to_admin("output-disk", f"{disk.level}-{now:%Y-%m-%d}", subject, body)
         self.last_level = disk.level
+
+
+def _in_image_message(key: str, config: Config) -> tuple[str, str]:
+    """What a user is told once when their output cannot be copied out of its capped image."""
+    retention = config.storage.output_retention
+    kept = (
+        "kept until an administrator removes it"
+        if retention == "forever"
+        else f"kept {format_remaining(retention)} after the end of your session"
+    )
+    subject = f"the output of session {key} is not available yet"
+    body = (
+        f"The output of your session {key} on {config.daemon.host} could not be copied out "
+        "of its capped image, so it cannot be downloaded for now. The administrator is told, "
+        "and gpuresa tries again every few minutes. Like any output, it is "
+        f"{kept}, then removed with its image.\n"
+    )
+    return subject, body

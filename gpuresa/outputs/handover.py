@@ -13,11 +13,15 @@ the login's shell can no longer reach it by its path, then handed over there
 (`hand_tree` also holds against a process of the login's that kept a folder
 of it open), then renamed back. A hand-over that fails leaves the output
 where only root reaches it; `retry_pending` (each maintenance round) tries
-again and says so to the admin once.
+again and says so to the admin once. A capped output that cannot be copied
+out of its image stays there, recorded as an output of its own
+(`OutputRecords.record_image`): listed, retried, and removed with its image
+at the end of its retention.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -30,9 +34,9 @@ from pathlib import Path
 from gpuresa.access import AccessError, host_account
 from gpuresa.config.sections import Config
 from gpuresa.model import Session
-from gpuresa.outputs.capped import release_capped
+from gpuresa.outputs.capped import image_path, release_capped
 from gpuresa.outputs.owners import HANDED_UID, output_owner, prepare_login_folder
-from gpuresa.outputs.records import OutputRecords
+from gpuresa.outputs.records import OutputRecords, image_relative
 from gpuresa.runtime.output import hand_over
 from gpuresa.runtime.output_area import (
     AREA_MODE,
@@ -100,7 +104,18 @@ def _finish(config: Config, item: Pending, now: datetime) -> str | None:
         release_capped(config, key, running_path(config, key), item.folder)
     except OSError as error:
         log.error("%s: output stays in its image (root-only): %s", key, error)
+        image = image_path(config, key)
+        if image.is_file():
+            # listed, and removed with its image at the end of its retention, even if
+            # no copy ever succeeds
+            try:
+                _records(config).record_image(key, item.user, image, now)
+            except OSError as record_error:
+                log.error("%s: could not record the output in %s: %s", key, image, record_error)
         return f"it cannot be copied out of its image: {error}"
+    # a copy that failed before succeeded now: the output is an ordinary folder again
+    with contextlib.suppress(OSError):
+        _records(config).forget(image_relative(key))
     source = item.folder if item.folder.is_dir() and not item.folder.is_symlink() else final
     if not source.is_dir() or source.is_symlink():
         log.warning("%s: output folder %s is gone; nothing to hand over", key, final)
@@ -164,14 +179,17 @@ def _free_name(final: Path) -> Path:
     return candidate
 
 
+def _records(config: Config) -> OutputRecords:
+    return OutputRecords(config.daemon.state_dir / "outputs")
+
+
 def _record_end(config: Config, item: Pending, final: Path, now: datetime) -> None:
     try:
         relative = final.relative_to(config.storage.output_root).as_posix()
     except ValueError:
         log.warning("%s: output %s is outside the output root; no retention", item.key, final)
         return
-    records = OutputRecords(config.daemon.state_dir / "outputs")
     try:
-        records.record_end(relative, item.user, item.key, now)
+        _records(config).record_end(relative, item.user, item.key, now)
     except OSError as error:
         log.error("%s: could not record the end of output %s: %s", item.key, final, error)

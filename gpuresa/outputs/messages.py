@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from gpuresa.backends.capabilities import Capabilities, host_capabilities
 from gpuresa.config.sections import Config
 from gpuresa.errors import UserError
 from gpuresa.mail.notices import SUBJECT_PREFIX
@@ -34,12 +35,12 @@ def _retention(config: Config) -> str:
 
 
 def start_details(config: Config, session: Session, public_host: str) -> str:
-    """The host CA's known_hosts line, the FTPS fingerprint, where outputs can be fetched.
+    """The host CAs' known_hosts lines, the FTPS fingerprint, where outputs can be fetched.
 
     Raises `OSError` when the CA or the FTPS certificate cannot be read (the
     caller sends the notice without them rather than not at all).
     """
-    if runs_as_login(config, session):
+    if session_capabilities(config, session).own_host_key:
         text = _session_host_key(session)
     else:
         text = _certified_host_keys(config, public_host)
@@ -53,13 +54,13 @@ Your outputs of this host, during and after your sessions, read-only
     return text
 
 
-def runs_as_login(config: Config, session: Session) -> bool:
-    """Whether the session's sshd runs as its login, with a host key of its own and no FTPS
-    sidecar (a udocker host's session, a Slurm job)."""
+def session_capabilities(config: Config, session: Session) -> Capabilities:
+    """The capabilities of the backend of `session`'s host (a root engine's when that host
+    is no longer configured: a certified sshd and an FTPS sidecar, as before any other)."""
     try:
-        return config.host(session.host).engine in ("udocker", "slurm")
+        return host_capabilities(config.host(session.host))
     except UserError:
-        return False
+        return host_capabilities(None)
 
 
 def _session_host_key(session: Session) -> str:
@@ -75,16 +76,18 @@ Your session's SSH server presents a host key of its own; its fingerprint
 
 
 def _certified_host_keys(config: Config, public_host: str) -> str:
-    ca = HostCA(config)
-    line = ca.known_hosts_line()
+    lines = HostCA(config).known_hosts_text().splitlines()
+    block = "\n".join(f"  {line}" for line in lines)
     credentials = HostCredentials(config)
     text = f"""
 Every session of {public_host} (and its output service) presents a host key
-certified by this host's SSH certificate authority, valid for that session's
-time only. Add this ONE line to ~/.ssh/known_hosts once; it stays valid for
-all your sessions on this host:
+certified by the SSH certificate authority of its port, valid for that
+session's time only. Add these lines to ~/.ssh/known_hosts once (one per
+port); they stay valid for all your sessions on this host. Replace any
+older line of this host that ends its names with ":*" (it trusted a
+certificate on every port, even one a stranger serves):
 
-  {line}
+{block}
 
 The FTPS certificate's SHA-256 fingerprint (check it when your FTP client asks):
 

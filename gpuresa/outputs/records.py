@@ -31,6 +31,7 @@ from pathlib import Path
 from gpuresa.access import LOGIN_PATTERN, RESERVED_LOGINS
 from gpuresa.config.sections import StorageConfig
 from gpuresa.outputs.tree import walk
+from gpuresa.runtime.labels import safe_key
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,8 @@ class OutputFolder:
     key: str = ""
     notice_sent: datetime | None = None
     busy: bool = False
+    # an output that could not be copied out of its capped image: `path` is the image
+    image: Path | None = None
 
     def removal(self, storage: StorageConfig) -> datetime | None:
         """When it will be removed (None: kept forever, or in use)."""
@@ -128,6 +131,36 @@ class OutputRecords:
         values = self.read(relative) or {}
         self.write(relative, {**values, "notice_sent": sent.isoformat()})
 
+    def record_image(self, key: str, user: str, image: Path, ended: datetime) -> None:
+        """Session `key`'s output stays in `image`: its retention starts at `ended`, once."""
+        relative = image_relative(key)
+        if (self.read(relative) or {}).get("image"):
+            return
+        values = {"user": user, "key": key, "ended": ended.isoformat(), "image": str(image)}
+        self.write(relative, values)
+
+    def images(self) -> list[OutputFolder]:
+        """The outputs kept in their images (`record_image`) whose image is still there."""
+        found = []
+        for file in sorted(self.directory.glob("*.json")):
+            try:
+                values = json.loads(file.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if not isinstance(values, dict) or not values.get("image"):
+                continue
+            image, relative = Path(str(values["image"])), str(values.get("relative", ""))
+            if not image.is_file():
+                # copied out later (or removed): the output is an ordinary folder now
+                self.forget(relative)
+                continue
+            found.append(
+                replace(
+                    self.folder(str(values.get("user", "")), relative, image, False), image=image
+                )
+            )
+        return found
+
     def forget(self, relative: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             self._file(relative).unlink()
@@ -143,6 +176,16 @@ class OutputRecords:
             notice_sent=_instant(values.get("notice_sent")),
             busy=busy,
         )
+
+
+# the records of outputs kept in their images: never a login's folder (logins never
+# start with a dot), one per session
+IMAGES_RELATIVE = ".images"
+
+
+def image_relative(key: str) -> str:
+    """The record name of session `key`'s output kept in its image."""
+    return f"{IMAGES_RELATIVE}/{safe_key(key)}"
 
 
 def _instant(text: str | None) -> datetime | None:
@@ -200,7 +243,8 @@ def scan(
     changed within `SETTLE` counts as busy too (it may belong to a session
     being made). With `now`, a finished folder that has no record (made before
     records were kept, or its stop was never finished) is recorded as ended at
-    `now`, so it gets its full retention.
+    `now`, so it gets its full retention. Outputs that could not be copied out
+    of their images are listed too, their image as their path.
     """
     busy_set = {Path(path) for path in busy}
     depth = pattern_depth(storage)
@@ -220,6 +264,7 @@ def scan(
                 records.record_end(relative, user, folder.key, now)
                 folder = replace(folder, ended=now)
             found.append(folder)
+    found.extend(records.images())
     return found
 
 

@@ -1,6 +1,6 @@
 """The output service: one SFTP container per host serving every finished output.
 
-`OutputService(config, runtime)` is what the daemon holds. `ensure_running()`
+`OutputService(config, backend)` is what the daemon holds. `ensure_running()`
 (on a worker thread: it may build an image and waits for sshd) writes the
 accounts, keys and login folders, then starts, checks or remakes the
 container named `gpuresa-<host>-outputs` (labels `gpuresa.host` and
@@ -27,10 +27,13 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from gpuresa.access import AccessError, authorized_keys
+from gpuresa.backends.capabilities import Capabilities
 from gpuresa.config.sections import Config
+from gpuresa.model import Session
+from gpuresa.outputs.capped import discard_image
 from gpuresa.outputs.container import (
     OUTPUTS_ROLE,
     PAYLOAD_LABEL,
@@ -65,6 +68,7 @@ from gpuresa.outputs.records import (
 from gpuresa.outputs.tree import remove_tree
 from gpuresa.reservations import catalog
 from gpuresa.runtime.engine import Engine
+from gpuresa.runtime.engines import EngineKind
 from gpuresa.runtime.errors import SessionError
 from gpuresa.runtime.labels import HOST_LABEL, ROLE_LABEL
 from gpuresa.runtime.output import hand_over
@@ -103,16 +107,34 @@ def _write_if_changed(path: Path, text: str, mode: int) -> bool:
     return True
 
 
+class OutputBackend(Protocol):
+    """What the output service uses of a session backend: what it can do, its sessions."""
+
+    @property
+    def capabilities(self) -> Capabilities: ...
+
+    def list_sessions(self) -> list[Session]: ...
+
+
+@runtime_checkable
+class ServiceEngine(Protocol):
+    """What a backend that leaves its outputs to the service has besides: the container
+    engine the service runs on, and that engine's kind (the settings it accepts)."""
+
+    engine: Engine
+    kind: EngineKind
+
+
 class OutputService:
     """The output service of this daemon's host, and the outputs it serves.
 
-    Given the config and the session runtime (for its Docker gateway and to
+    Given the config and the session backend (for its container engine and to
     know which output folders sessions use now). Methods may raise
     `RuntimeUnavailable` when Docker does not answer and `SessionError` when
     the service cannot be made.
     """
 
-    def __init__(self, config: Config, runtime: Any) -> None:
+    def __init__(self, config: Config, runtime: OutputBackend) -> None:
         self.config = config
         self.runtime = runtime
         self.credentials = HostCredentials(config)
@@ -120,25 +142,29 @@ class OutputService:
         self.accounts = config.daemon.state_dir / "output-service"
 
     @property
-    def engine(self) -> Engine:
-        """The runtime's Docker gateway (asked for on use: making a service needs no Docker).
+    def _service_engine(self) -> ServiceEngine:
+        """The backend's container engine (asked for on use: making a service needs none).
 
-        Raises `SessionError` for a backend without one (udocker): its host serves
-        outputs through each session's own sshd, and has no output service.
+        Raises `SessionError` for a backend that serves outputs itself: its
+        logins read them through their own accounts, and it has no engine.
         """
-        engine: Engine | None = getattr(self.runtime, "engine", None)
-        if engine is None:
+        if self.runtime.capabilities.serves_outputs or not isinstance(self.runtime, ServiceEngine):
             raise SessionError(
                 "the output service runs on a Docker or Podman engine; this host's sessions "
-                "have none (storage.sftp_port must be 0 on a udocker host)"
+                "serve their outputs themselves (storage.sftp_port must be 0 here)"
             )
-        return engine
+        return self.runtime
+
+    @property
+    def engine(self) -> Engine:
+        """The backend's Docker gateway (see `_service_engine`)."""
+        return self._service_engine.engine
 
     @property
     def enabled(self) -> bool:
-        """On a container engine's host with `sftp_port` set. A host whose sessions run
-        without an engine (udocker) hands outputs to their logins' own accounts: no service."""
-        return self.config.storage.sftp_port != 0 and hasattr(self.runtime, "engine")
+        """With `sftp_port` set, on a host whose backend leaves its outputs to the service
+        (a container engine's). One whose sessions serve outputs themselves has none."""
+        return self.config.storage.sftp_port != 0 and not self.runtime.capabilities.serves_outputs
 
     def busy_folders(self) -> set[Path]:
         """The output folders of this host's sessions (created, running or stopped)."""
@@ -248,7 +274,7 @@ class OutputService:
             PORT_LABEL: str(self.config.storage.sftp_port),
         }
         payload = service_payload(self.config, image, self.accounts, host_keys, labels)
-        payload["HostConfig"].update(self.runtime.kind.service_settings(self.config.limits))
+        payload["HostConfig"].update(self._service_engine.kind.service_settings(self.config.limits))
         digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
         payload["Labels"][PAYLOAD_LABEL] = digest
         name = service_name(self.config.daemon.host)
@@ -326,7 +352,11 @@ class OutputService:
                 removed.append(folder)
                 continue
             try:
-                remove_tree(folder.path)
+                if folder.image is not None:
+                    # never copied out of its image: the image and its leftovers go
+                    discard_image(self.config, folder.key)
+                else:
+                    remove_tree(folder.path)
             except FileNotFoundError:
                 pass
             except OSError as error:

@@ -69,7 +69,7 @@ class Start(Action):
     def describe(self) -> str:
         assert self.spec is not None
         return (
-            f"start {self.key} for {self.spec.user} (GPUs {list(self.spec.gpus)}, "
+            f"start {self.key} for {self.spec.user} (GPUs {list(self.spec.gpu_indices)}, "
             f"ssh {self.spec.ssh_port}, ftp {self.spec.ftp_port})"
         )
 

@@ -8,8 +8,10 @@ answer from the same facts. `gpuresa.daemon` carries the actions out.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from datetime import datetime, timedelta
 
+from gpuresa.backends.capabilities import host_capabilities
 from gpuresa.config.sections import Config
 from gpuresa.model import Reservation, Session, SessionSpec, is_ad_hoc
 from gpuresa.planning.actions import (
@@ -64,7 +66,7 @@ def plan(
     # what actions under way are taking (their containers may not be in Docker yet)
     for key, spec in memory.in_flight.items():
         if spec is not None and key not in existing:
-            holdings.append(Holding(key, spec.gpus, _ports_of(spec), spec.start, spec.end))
+            holdings.append(Holding(key, spec.gpu_indices, _ports_of(spec), spec.start, spec.end))
             taken_ports.append(_ports_of(spec))
     # prepared sessions whose booking changed under them: removed and prepared anew
     replanned: set[str] = set()
@@ -79,7 +81,9 @@ def plan(
             # unless it is being stopped
             if key not in memory.stopping:
                 end = max(session.end, reservation.end) if reservation else session.end
-                holdings.append(Holding(key, session.gpus, _ports_of(session), session.start, end))
+                holdings.append(
+                    Holding(key, session.gpu_indices, _ports_of(session), session.start, end)
+                )
             continue
         stop = _stop_for(session, reservation, now, config, memory)
         if stop is not None:
@@ -90,14 +94,16 @@ def plan(
             end = session.end
             if not is_ad_hoc(key):
                 end = min(end, _missing_deadline(session, now, config, memory))
-            holdings.append(Holding(key, session.gpus, _ports_of(session), session.start, end))
+            holdings.append(
+                Holding(key, session.gpu_indices, _ports_of(session), session.start, end)
+            )
             actions.extend(_missing_notices(session, now, config, memory))
             continue
         if session.state == "created":
             prepared.append((session, reservation))
             continue
         holdings.append(
-            Holding(key, session.gpus, _ports_of(session), session.start, reservation.end)
+            Holding(key, session.gpu_indices, _ports_of(session), session.start, reservation.end)
         )
         if reservation.user != session.user:
             # the booking was given to someone else: the old user's session ends
@@ -128,7 +134,9 @@ def plan(
             replanned.add(key)
             continue
         holdings.append(
-            Holding(key, session.gpus, _ports_of(session), reservation.start, reservation.end)
+            Holding(
+                key, session.gpu_indices, _ports_of(session), reservation.start, reservation.end
+            )
         )
         if reservation.end != session.end:
             actions.append(Extend(key, end=reservation.end))
@@ -154,7 +162,7 @@ def plan(
             continue
         spec = spec_or_reason
         holdings.append(
-            Holding(key, spec.gpus, _ports_of(spec), reservation.start, reservation.end)
+            Holding(key, spec.gpu_indices, _ports_of(spec), reservation.start, reservation.end)
         )
         taken_ports.append(_ports_of(spec))
         actions.append(
@@ -182,7 +190,7 @@ def _prepared_differs(
         reservation.cuda,
     ):
         return True
-    if inventory.host.gpu_mode != "none" and len(session.gpus) != reservation.gpus:
+    if inventory.host.gpu_mode != "none" and session.gpu_count != reservation.gpus:
         return True
     if now < reservation.start - config.daemon.prepare_ahead:
         return True
@@ -193,7 +201,7 @@ def _prepared_differs(
         return bool(node) and not node.startswith("partition:") and node != session.place
     for holding in holdings:
         overlaps = holding.start < reservation.end and reservation.start < holding.end
-        if overlaps and set(holding.gpus) & set(session.gpus):
+        if overlaps and set(holding.gpus) & set(session.gpu_indices):
             return True
     return False
 
@@ -205,8 +213,8 @@ def _running_change(session: Session, reservation: Reservation, inventory: Inven
         changes.append(f"template {session.template} → {reservation.template}")
     elif reservation.cuda is not None and reservation.cuda != session.cuda:
         changes.append(f"CUDA {session.cuda} → {reservation.cuda}")
-    if inventory.host.gpu_mode != "none" and reservation.gpus != len(session.gpus):
-        changes.append(f"GPUs {len(session.gpus)} → {reservation.gpus}")
+    if inventory.host.gpu_mode != "none" and reservation.gpus != session.gpu_count:
+        changes.append(f"GPUs {session.gpu_count} → {reservation.gpus}")
     return ", ".join(changes)
 
 
@@ -296,10 +304,10 @@ def _allocate(
     none of them (one host-wide list would over-book some nodes and refuse
     bookings that other nodes can serve).
     """
+    # a scheduler's session: a count, whose devices its node chooses
+    count = reservation.gpus if _scheduled(inventory) else 0
     gpus: tuple[int, ...] = ()
-    if _scheduled(inventory):
-        gpus = tuple(range(reservation.gpus))
-    elif reservation.gpus > 0 and inventory.host.gpu_mode != "none":
+    if not _scheduled(inventory) and reservation.gpus > 0 and inventory.host.gpu_mode != "none":
         chosen = allocate_gpus(
             inventory.gpus, reservation.gpus, reservation.start, reservation.end, holdings
         )
@@ -309,6 +317,7 @@ def _allocate(
                 f"from {reservation.start.isoformat()} to {reservation.end.isoformat()}"
             )
         gpus = chosen
+        count = len(chosen)
     try:
         ports = allocate_ports(inventory.host, taken_ports)
     except AllocationError as error:
@@ -319,7 +328,8 @@ def _allocate(
         host=reservation.host,
         template=reservation.template,
         cuda=reservation.cuda,
-        gpus=gpus,
+        gpu_count=count,
+        gpu_indices=gpus,
         start=reservation.start,
         end=reservation.end,
         ssh_port=ports.ssh,
@@ -332,28 +342,18 @@ def _allocate(
 
 
 def _scheduled(inventory: Inventory) -> bool:
-    """Whether a scheduler (Slurm) places sessions and counts their GPUs on its nodes."""
-    return inventory.host.engine == "slurm"
+    """Whether a scheduler places sessions and counts their GPUs on its nodes."""
+    return host_capabilities(inventory.host).places_gpus
 
 
 def _spec_from_session(session: Session, reservation: Reservation) -> SessionSpec:
-    """The spec of an existing session: its GPUs and ports, the reservation's times."""
-    return SessionSpec(
-        key=session.key,
-        user=session.user,
-        host=session.host,
-        template=session.template,
-        cuda=session.cuda,
-        gpus=session.gpus,
+    """The spec of an existing session: its GPUs, ports and node (the one the backend
+    chose stays the session's), the reservation's times."""
+    return replace(
+        session.spec,
         start=reservation.start,
         end=reservation.end,
-        ssh_port=session.ssh_port,
-        ftp_port=session.ftp_port,
-        ftp_passive_first=session.ftp_passive_first,
-        ftp_passive_last=session.ftp_passive_last,
         email=reservation.email or session.email,
-        # the node the backend chose stays the session's
-        place=session.place,
     )
 
 

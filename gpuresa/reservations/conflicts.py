@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta, tzinfo
 from types import MappingProxyType
 from zoneinfo import ZoneInfo
 
+from gpuresa.backends.capabilities import host_capabilities
 from gpuresa.config.sections import Config, HostConfig
 from gpuresa.model import Rejection, Reservation, ReservationSet
 
@@ -317,7 +318,7 @@ def host_gpu_count(host: HostConfig) -> int | None:
     has no upper bound here and over-booking is decided later, by the runtime
     on the host itself.
     """
-    if host.gpu_mode == "none" or host.gpus == "auto" or host.engine == "slurm":
+    if host.gpu_mode == "none" or host.gpus == "auto" or host_capabilities(host).places_gpus:
         # a cluster's GPUs are per node: its backend refuses what a node cannot hold
         return None
     return len(host.gpus)

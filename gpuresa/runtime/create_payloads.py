@@ -220,7 +220,7 @@ def main_payload(
         "GPURESA_UID": str(main.uid),
         "GPURESA_TEMPLATE": spec.template,
         "GPURESA_CUDA": spec.cuda or "",
-        "GPURESA_GPUS": format_gpus(spec.gpus) or "none",
+        "GPURESA_GPUS": format_gpus(spec.gpu_indices) or "none",
         "GPURESA_OUTPUT": str(config.storage.output_target),
         "GPURESA_INPUTS": ":".join(str(mount.target) for mount in inputs),
         **main.gpu.environment,

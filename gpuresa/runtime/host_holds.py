@@ -20,6 +20,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import subprocess
 import time
 from collections.abc import Collection
@@ -41,6 +42,8 @@ from gpuresa.runtime.output_area import (
 log = logging.getLogger(__name__)
 
 NETNS_FOLDER = Path("/run/netns")
+# the names Podman gives the namespaces it makes: an admin's own (`ip netns add`) are not ours
+PODMAN_NETNS = re.compile(r"^netns-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 # a namespace younger than this may be one an engine is setting up for a container
 # whose process is not there yet
 NETNS_MIN_AGE = 60.0
@@ -174,7 +177,11 @@ def _namespaces() -> list[Holding]:
     """Named network namespaces (Podman's) that no process is in, older than `NETNS_MIN_AGE`:
     the engine's leftovers of a container gone without its clean-up."""
     try:
-        entries = [entry for entry in NETNS_FOLDER.iterdir() if entry.is_file()]
+        entries = [
+            entry
+            for entry in NETNS_FOLDER.iterdir()
+            if PODMAN_NETNS.match(entry.name) and entry.is_file()
+        ]
     except OSError:
         return []
     used = _namespaces_in_use()

@@ -5,7 +5,7 @@ while the output service is being made again) lets that user answer in place of
 gpuresa. Ports below `net.ipv4.ip_unprivileged_port_start` (1024 by default)
 can only be bound by root, so gpuresa's default ranges lie below 1024. A host
 whose sessions' SSH servers run as their logins (a Slurm job's, see
-`backends.factory.ssh_as_login`) is the other way round: its ports must be
+`Capabilities.ssh_as_login`) is the other way round: its ports must be
 unprivileged, and the session's own host key proves it.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gpuresa.backends.capabilities import host_capabilities
 from gpuresa.config.sections import Config
 
 UNPRIVILEGED_START = Path("/proc/sys/net/ipv4/ip_unprivileged_port_start")
@@ -37,12 +38,9 @@ def port_warnings(config: Config, first_unprivileged: int | None = None) -> list
         "and answer in place of gpuresa while no session holds them; use ports below "
         f"{start}"
     )
-    # imported here: the backends import this package
-    from gpuresa.backends.factory import ssh_as_login
-
     warnings = []
     for index, host in enumerate(config.hosts):
-        if ssh_as_login(host.engine):
+        if host_capabilities(host).ssh_as_login:
             if host.ssh_ports.first < start:
                 warnings.append(
                     f"hosts[{index}].ssh_ports: {host.ssh_ports} starts below {start}: the "

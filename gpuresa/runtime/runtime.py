@@ -23,6 +23,7 @@ from collections.abc import Collection, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
+from gpuresa.backends.capabilities import DOCKER, PODMAN, Capabilities
 from gpuresa.config.sections import Config, HostConfig
 from gpuresa.model import Session, SessionSpec
 from gpuresa.runtime import firewall, garbage, stopping
@@ -70,6 +71,8 @@ class Runtime:
         # the parts that the making of sessions (`starting`, `sidecar`) is given
         self.sessions = HostSessions(config, client)
         self.kind: EngineKind = self.sessions.kind
+        # root engines: GPUs gpuresa chooses, an FTPS sidecar per session, an output service
+        self.capabilities: Capabilities = PODMAN if self.kind.name == "podman" else DOCKER
         self.engine = self.sessions.engine
         self.images = self.sessions.images
         self.ends = self.sessions.ends

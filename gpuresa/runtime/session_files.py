@@ -84,7 +84,9 @@ class SessionFacts:
     user: str
     template: str
     cuda: str | None
-    gpus: Sequence[int]
+    gpu_count: int
+    # () where a scheduler chooses them on its node
+    gpu_indices: Sequence[int]
     end: datetime
     output_target: PurePath
     input_targets: Sequence[PurePath] = ()
@@ -98,7 +100,8 @@ def session_facts(
         user=session.user,
         template=session.template,
         cuda=session.cuda,
-        gpus=session.gpus,
+        gpu_count=session.gpu_count,
+        gpu_indices=session.gpu_indices,
         end=end,
         output_target=storage.output_target,
         input_targets=tuple(mount.target for mount in storage.inputs),
@@ -115,7 +118,9 @@ def banner_text(facts: SessionFacts, timezone: str) -> str:
 def motd_text(facts: SessionFacts, timezone: str) -> str:
     """The message of the day after login: the session, its end, where to keep results."""
     template = facts.template + (f" (CUDA {facts.cuda})" if facts.cuda else "")
-    gpus = ",".join(str(index) for index in facts.gpus) or "none"
+    gpus = ",".join(str(index) for index in facts.gpu_indices) or (
+        f"{facts.gpu_count} on this node" if facts.gpu_count else "none"
+    )
     output = facts.output_target
     lines = [
         "",

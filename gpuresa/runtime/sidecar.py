@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from gpuresa.access import AccessError, ftp_credentials
-from gpuresa.model import IdRange, SessionSpec
+from gpuresa.model import IdRange
 from gpuresa.outputs.credentials import HostCredentials
 from gpuresa.runtime.create_payloads import ftp_payload
 from gpuresa.runtime.engine import dumps
@@ -66,21 +66,7 @@ def _recreate(sessions: HostSessions, key: str, main: dict[str, Any]) -> str:
     except (KeyError, ValueError, AccessError) as error:
         raise SessionError(f"session {key}: cannot make its FTP sidecar again: {error}") from None
     ids = sessions.kind.session_range(sessions.engine, main)
-    spec = SessionSpec(
-        key=session.key,
-        user=session.user,
-        host=session.host,
-        template=session.template,
-        cuda=session.cuda,
-        gpus=session.gpus,
-        start=session.start,
-        end=session.end,
-        ssh_port=session.ssh_port,
-        ftp_port=session.ftp_port,
-        ftp_passive_first=session.ftp_passive_first,
-        ftp_passive_last=session.ftp_passive_last,
-        email=session.email,
-    )
+    spec = session.spec
     payload = ftp_payload(
         sessions.config,
         spec,

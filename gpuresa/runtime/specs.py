@@ -31,9 +31,15 @@ def check_spec(config: Config, spec: SessionSpec, available: Sequence[int]) -> N
     except AccessError as error:
         raise SessionError(f"session {key}: {error}") from None
     resolve_template(config.templates, spec.template, spec.cuda)
-    if len(set(spec.gpus)) != len(spec.gpus):
-        raise SessionError(f"session {key}: GPUs {list(spec.gpus)} repeat an index")
-    unknown = sorted(set(spec.gpus) - set(available))
+    if spec.gpu_count != len(spec.gpu_indices):
+        # this host's GPUs are gpuresa's to choose: a count without its devices is no grant
+        raise SessionError(
+            f"session {key}: {spec.gpu_count} GPU(s) asked, but GPUs "
+            f"{list(spec.gpu_indices)} chosen"
+        )
+    if len(set(spec.gpu_indices)) != len(spec.gpu_indices):
+        raise SessionError(f"session {key}: GPUs {list(spec.gpu_indices)} repeat an index")
+    unknown = sorted(set(spec.gpu_indices) - set(available))
     if unknown:
         raise SessionError(
             f"session {key}: host {host.name} has no GPU {', '.join(map(str, unknown))} "
@@ -88,7 +94,7 @@ def new_spec(
         raise SessionError(str(error)) from None
     _, variant = resolve_template(config.templates, template, cuda)
     holdings = [
-        Holding(session.key, session.gpus, _ports(session), session.start, session.end)
+        Holding(session.key, session.gpu_indices, _ports(session), session.start, session.end)
         for session in sessions
     ]
     if isinstance(gpus, int):
@@ -123,7 +129,8 @@ def new_spec(
         host=config.host().name,
         template=template,
         cuda=variant.name,
-        gpus=chosen,
+        gpu_count=len(chosen),
+        gpu_indices=chosen,
         start=start,
         end=end,
         ssh_port=ports.ssh,

@@ -90,7 +90,7 @@ def prepare_session(
         credentials = ftp_credentials(spec.user)
     except AccessError as error:
         raise SessionError(f"session {key}: {error}") from None
-    gpu = host_gpu_access(sessions.host, spec.gpus)
+    gpu = host_gpu_access(sessions.host, spec.gpu_indices)
     # labels keep the final place; the containers get the root-only running one (output_area)
     output_dir = output_path(sessions.config, spec)
     ensure_area(sessions.config)
@@ -103,7 +103,7 @@ def prepare_session(
         (sessions.config.storage.output_root / spec.user).mkdir(mode=0o750)
     remember(sessions.config, key, spec.user, output_dir)
     # the cap comes before anything of the session's can write there (refused without room)
-    cap_output(sessions.config, key, running, len(spec.gpus), len(sessions.host_gpus()))
+    cap_output(sessions.config, key, running, spec.gpu_count, len(sessions.host_gpus()))
     labelled = dataclasses.replace(spec, cuda=variant.name)
     sessions.ends.forget(key)
     files = sessions.files.show_facts(
@@ -128,7 +128,7 @@ def prepare_session(
         command=template.command or (),
         gpu=gpu,
         engine_settings={**sessions.kind.main_settings(sessions.config.limits), **layer.settings},
-        limits=session_limits(sessions.config.limits, sessions.host_totals(), len(spec.gpus)),
+        limits=session_limits(sessions.config.limits, sessions.host_totals(), spec.gpu_count),
         # this session's own SSH host key, made for its root once its ids are known
         host_keys_dir=host_keys,
     )
@@ -151,7 +151,7 @@ def prepare_session(
         main_id = sessions.engine.create_container(name, main_config, key)
         # the session's host ids are known once its main container exists (Podman
         # chooses them then); its output is theirs before anything of the user's runs
-        ids = sessions.kind.created(sessions.engine, main_id, spec.gpus, key)
+        ids = sessions.kind.created(sessions.engine, main_id, spec.gpu_indices, key)
         layer.cap(sessions.engine, sessions.config.daemon.state_dir, main_id, key)
         base_uid, base_gid = (ids.uid, ids.gid) if ids else (0, 0)
         prepare_output(running, base_uid + uid, base_gid + uid, key)
@@ -163,7 +163,7 @@ def prepare_session(
         # the FTPS certificate for the sidecar's root
         try:
             HostCA(sessions.config).issue_session_key(
-                host_keys, base_uid, base_gid, key, spec.start, spec.end
+                host_keys, base_uid, base_gid, key, spec.start, spec.end, spec.ssh_port
             )
         except (OSError, ValueError) as error:
             raise SessionError(f"its host key cannot be made: {error}") from None
@@ -190,7 +190,7 @@ def prepare_session(
         raise _same_kind(error, f"session {key} could not be prepared: {error}") from None
     log.info(
         "%s: prepared for %s (template %s %s, GPUs %s, ssh %d, ftp %d)",
-        key, spec.user, spec.template, variant.name, list(spec.gpus),
+        key, spec.user, spec.template, variant.name, list(spec.gpu_indices),
         spec.ssh_port, spec.ftp_port,
     )  # fmt: skip
     found = sessions.find(key)

@@ -40,6 +40,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from gpuresa.access import AccessError, authorized_keys, check_login, host_account
+from gpuresa.backends.capabilities import SLURM
 from gpuresa.backends.slurm.answering import wait_for_job_sshd
 from gpuresa.backends.slurm.container import JobContainers
 from gpuresa.backends.slurm.gateway import Job, Node, SlurmGateway
@@ -68,8 +69,9 @@ class SlurmBackend:
     """The sessions of one Slurm cluster (see the module and `backends.protocol`)."""
 
     # a job's sshd runs as the booking's login, with no root on its node: its port is an
-    # unprivileged one, and the job's own host key proves it (see `answering`)
-    SSH_AS_LOGIN = True
+    # unprivileged one, and the job's own host key proves it (see `answering`); the
+    # cluster places each job's GPUs on a node of its choosing
+    capabilities = SLURM
 
     def __init__(self, config: Config, gateway: SlurmGateway | None = None) -> None:
         self.config = config
@@ -358,7 +360,13 @@ class SlurmBackend:
         record = self.records.get(session.key)
         output = Path(record.output) if record else Path("/")
         return SessionFacts(
-            session.user, session.template, session.cuda, session.gpus, session.end, output
+            session.user,
+            session.template,
+            session.cuda,
+            session.gpu_count,
+            session.gpu_indices,
+            session.end,
+            output,
         )
 
     def cleanup(self, busy: Collection[str]) -> list[str]:

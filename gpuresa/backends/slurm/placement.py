@@ -34,13 +34,13 @@ def node_for(
     """The node of `spec`'s place (`partition`: the config's, for a booking naming none);
     raises `SessionError` naming what is wrong."""
     place = spec.place or (PARTITION + partition if partition else "")
-    count = len(spec.gpus)
+    count = spec.gpu_count
     booked = gpus_booked(spec, records)
     if place and not place.startswith(PARTITION):
         node = nodes.get(place)
         if node is None:
             raise SessionError(f"the cluster has no node {place!r}")
-        if count > node.gpus or any(index >= node.gpus for index in spec.gpus):
+        if count > node.gpus:
             raise SessionError(f"{count} GPU(s) asked, but node {place} has {node.gpus}")
         held = booked.get(node.name, 0)
         if held + count > node.gpus:

@@ -23,6 +23,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from gpuresa.access import AccessError, Account, authorized_keys, host_account
+from gpuresa.backends.capabilities import UDOCKER
 from gpuresa.backends.udocker import launch, listening, tools
 from gpuresa.backends.udocker.cgroups import CGROUP_ROOT, SessionCgroup, remove_others
 from gpuresa.backends.udocker.devices import denied_devices, driver_volumes
@@ -46,6 +47,8 @@ log = logging.getLogger(__name__)
 
 class UdockerBackend:
     """The sessions of a host with `engine = "udocker"` (see the module and the protocol)."""
+
+    capabilities = UDOCKER
 
     def __init__(self, config: Config, cgroup_root: Path = CGROUP_ROOT) -> None:
         self.config = config
@@ -82,7 +85,7 @@ class UdockerBackend:
     def limits(self, spec: SessionSpec) -> SessionLimits:
         """`spec`'s CPUs and memory: its GPUs' share of this host, as on the engines."""
         totals = local_totals(len(self.host_gpus()))
-        return session_limits(self.config.limits, totals, len(spec.gpus))
+        return session_limits(self.config.limits, totals, spec.gpu_count)
 
     def account(self, spec: SessionSpec) -> Account:
         """The login's host account; `SessionError` when it has none (sessions run as it)."""
@@ -207,7 +210,7 @@ class UdockerBackend:
         except AccessError as error:
             raise SessionError(f"session {key}: {error}") from None
         del keys  # checked now; written when the gate opens
-        gpu = host_gpu_access(self.host, spec.gpus)
+        gpu = host_gpu_access(self.host, spec.gpu_indices)
         self._end(key, finish=False)
         self.files.close_gate(key, self._gate_text(spec))
         output_dir = login_output(self.config, spec, account)
@@ -246,7 +249,7 @@ class UdockerBackend:
             raise SessionError(f"session {key} could not be prepared: {error}{logs}") from None
         log.info(
             "%s: prepared for %s as uid %d (udocker, template %s, GPUs %s, ssh %d)",
-            key, spec.user, account.uid, spec.template, list(spec.gpus), spec.ssh_port,
+            key, spec.user, account.uid, spec.template, list(spec.gpu_indices), spec.ssh_port,
         )  # fmt: skip
         return self._session(record, "created")
 

@@ -20,7 +20,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -50,23 +50,10 @@ class Record:
     container: str
 
     def session(self, state: str, end: datetime | None = None, host_key: str = "") -> Session:
-        spec = self.spec
-        return Session(
-            key=spec.key,
-            user=spec.user,
-            host=spec.host,
-            template=spec.template,
-            cuda=spec.cuda,
-            gpus=spec.gpus,
-            start=spec.start,
-            end=end or spec.end,
-            ssh_port=spec.ssh_port,
-            ftp_port=spec.ftp_port,
-            ftp_passive_first=spec.ftp_passive_first,
-            ftp_passive_last=spec.ftp_passive_last,
+        return Session.of(
+            replace(self.spec, end=end or self.spec.end),
             state=state,
             output_dir=self.output_dir,
-            email=spec.email,
             containers=(self.container,),
             host_key=host_key,
         )
@@ -91,7 +78,8 @@ class Records:
             "host": spec.host,
             "template": spec.template,
             "cuda": spec.cuda,
-            "gpus": list(spec.gpus),
+            # "gpus": the name the records of running sessions already have
+            "gpus": list(spec.gpu_indices),
             "start": utc_text(spec.start),
             "end": utc_text(spec.end),
             "ssh_port": spec.ssh_port,
@@ -138,7 +126,8 @@ class Records:
                 host=str(values["host"]),
                 template=str(values["template"]),
                 cuda=values["cuda"],
-                gpus=tuple(int(index) for index in values["gpus"]),
+                gpu_count=len(gpus := tuple(int(index) for index in values["gpus"])),
+                gpu_indices=gpus,
                 start=parse_instant(values["start"]),
                 end=parse_instant(values["end"]),
                 ssh_port=int(values["ssh_port"]),

@@ -5,6 +5,8 @@
 - A feed (LibreBooking's, an export URL of any calendar app) is fetched with
   a conditional GET (If-None-Match / If-Modified-Since): an unchanged feed
   costs one request and an empty 304 answer.
+- A file or folder is also watched (`watching`): a change is read within a
+  fraction of a second rather than at the next poll.
 
 Like every source, the last good copy is kept on disk, and a failure raises
 `SourceError` with a one-line reason (a feed URL's query and the end of its
@@ -73,6 +75,10 @@ class ICSSource:
         self._session: Any = None
         # the files of a folder that could not be read at the last poll: why
         self.problems: dict[str, str] = {}
+
+    def watch_path(self) -> Path | None:
+        """The local file or folder to watch for changes (`watching`); None for a feed."""
+        return None if self.is_feed else Path(self.location)
 
     def snapshot(self) -> Mapping[str, bytes]:
         """The objects of the last successful poll, or of the snapshot loaded from disk."""
