@@ -83,8 +83,13 @@ def test_a_hostile_user_and_a_hanging_relay_delay_no_other_booking(
             if c.labels.get("gpuresa.reservation") == "hostile"
         ]
         assert left == []
-        outputs = list((tmp_path / "output").rglob("result.txt"))
-        assert [path.read_text() for path in outputs] == ["saved\n"]
+
+        # its output, copied out of its image and handed over once the containers are gone
+        def outputs() -> list[Path]:
+            return list((tmp_path / "output").rglob("result.txt"))
+
+        wait_for(outputs, 30, "the hostile session's output at its final place")
+        assert [path.read_text() for path in outputs()] == ["saved\n"]
     finally:
         daemon.stop()
 

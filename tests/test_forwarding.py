@@ -83,52 +83,65 @@ def nat_rules(*words: str) -> list[str]:
     return [line for line in listing.splitlines() if all(word in line for word in words)]
 
 
-def service_command() -> tuple[int, list[str]]:
-    """The pid and command line of the rootful Podman API service that `make setup` started."""
+def service_command() -> list[str]:
+    """The command line of the rootful Podman API service that `make setup` started."""
     found = subprocess.run(["pgrep", "-f", "podman.* system service"], capture_output=True,
                            text=True).stdout.split()  # fmt: skip
     pids = [int(pid) for pid in found if pid.isdigit()]
-    assert len(pids) == 1, f"expected one Podman API service, found {pids}"
-    command = Path(f"/proc/{pids[0]}/cmdline").read_bytes().decode().split("\0")[:-1]
-    return pids[0], command
+    assert pids, "no Podman API service runs: run `make setup`"
+    return Path(f"/proc/{pids[0]}/cmdline").read_bytes().decode().split("\0")[:-1]
 
 
-def podman_answers() -> bool:
+def podman_answers(socket: str = PODMAN_SOCKET) -> bool:
     with contextlib.suppress(Exception):
-        docker.DockerClient(base_url=PODMAN_SOCKET, timeout=5).ping()
+        docker.DockerClient(base_url=socket, timeout=5).ping()
         return True
     return False
 
 
 @dataclass
 class PodmanService:
-    """The rootful Podman API service that scripts/setup.sh started, to kill and start again."""
+    """A rootful Podman API service of the test's own, on a socket of its own, over the
+    machine's Podman storage: killing it leaves the service other tests use alone."""
 
-    pid: int
     command: list[str]
+    socket: str
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Start it from / (as scripts/setup.sh starts the shared one) and wait for it."""
+        quiet = subprocess.DEVNULL
+        self.process = subprocess.Popen(
+            ["env", "-C", "/", *self.command],
+            stdout=quiet,
+            stderr=quiet,
+            stdin=quiet,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 60
+        while not podman_answers(self.socket):
+            assert time.monotonic() < deadline, "the test's Podman service did not answer"
+            time.sleep(0.2)
 
     def kill(self) -> None:
-        os.kill(self.pid, signal.SIGKILL)
+        assert self.process is not None
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait()
 
-    def restart(self) -> None:
-        """Start it again exactly as scripts/setup.sh does: from /, logging to its log."""
-        with open("/var/log/gpuresa-podman.log", "ab") as log:
-            subprocess.Popen(["env", "-C", "/", *self.command], stdout=log,
-                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             start_new_session=True)  # fmt: skip
-        deadline = time.monotonic() + 60
-        while not podman_answers():
-            assert time.monotonic() < deadline, "the Podman service did not come back"
-            time.sleep(0.5)
+    restart = start
 
 
 @pytest.fixture
-def podman_service() -> Iterator[PodmanService]:
-    """The Podman service, running again after the test whatever the test did to it."""
-    service = PodmanService(*service_command())
+def podman_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PodmanService]:
+    """A Podman API service of the test's own (the shared one's options, another socket)."""
+    socket = f"unix://{tmp_path_factory.mktemp('podman') / 'podman.sock'}"
+    shared = service_command()
+    url = next(word for word in shared if word.startswith("unix://"))
+    service = PodmanService([socket if word == url else word for word in shared], socket)
+    service.start()
     yield service
-    if not podman_answers():
-        service.restart()
+    if service.process is not None and service.process.poll() is None:
+        service.kill()
 
 
 def test_a_session_works_on_ports_a_killed_podman_service_left_forwarded(
@@ -139,7 +152,9 @@ def test_a_session_works_on_ports_a_killed_podman_service_left_forwarded(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     built(podman_harness)
-    site = make_site(tmp_path, podman_harness.client, engine="podman")
+    site = make_site(
+        tmp_path, podman_harness.client, engine="podman", engine_socket=podman_service.socket
+    )
     runtime = site.runtime()
     first = runtime.start(site.spec(runtime))
     ids = [podman_harness.client.containers.get(name).id for name in first.containers]

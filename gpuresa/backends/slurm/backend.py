@@ -41,7 +41,7 @@ from pathlib import Path
 
 from gpuresa.access import AccessError, authorized_keys, check_login, host_account
 from gpuresa.backends.capabilities import SLURM
-from gpuresa.backends.slurm.answering import wait_for_job_sshd
+from gpuresa.backends.slurm.answering import presented_digest, wait_for_job_sshd
 from gpuresa.backends.slurm.container import JobContainers
 from gpuresa.backends.slurm.gateway import Job, Node, SlurmGateway
 from gpuresa.backends.slurm.jobs import SessionJobs, limit_minutes
@@ -255,6 +255,14 @@ class SlurmBackend:
             if job is not None and job.state == "RUNNING":
                 return job
             if job is None or not job.waits_or_runs:
+                # a job whose sshd could not bind its port ends at once: say who holds it
+                squatter = presented_digest(record.node, record.ssh_port, timeout=2)
+                if squatter is not None:
+                    raise SessionError(
+                        f"session {record.key}: port {record.ssh_port} on {record.node} is held "
+                        f"by another SSH server (host key SHA256:{squatter}): the job cannot "
+                        "serve it"
+                    )
                 raise SessionError(
                     f"the job of {record.key} ended before it ran ({job.state if job else 'gone'})"
                 )
