@@ -91,7 +91,7 @@ SERVICE_FIXTURES = frozenset(
 
 
 # Tests that share one thing of the machine run one after another on the same worker when
-# the suite runs in parallel (`make test`: pytest-xdist, `-n 4 --dist loadgroup`): the one
+# the suite runs in parallel (`make test`: pytest-xdist, `-n 3 --dist loadgroup`): the one
 # Slurm cluster (a booking reserves its whole node), the privileged ports of the default
 # ranges (picked free, then published: two pickers could meet), and udocker (unpacking an
 # image takes both cores). Matched on the test's id.
