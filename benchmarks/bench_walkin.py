@@ -206,7 +206,6 @@ def walk_ins(booker: Booker, poll: str, runs: int) -> list[float | None]:
             key = booker.book(f"walk-in-{run}", datetime.now(UTC).replace(microsecond=0))
             ready = wait_ssh_ready(config, key, written + 60)
             times.append(None if ready is None else ready - written)
-            print(f"{booker.__class__.__name__} run {run}: {times[-1]}", flush=True)
     finally:
         daemon.terminate()
         release_host(config, Runtime(config), everything=True)
