@@ -78,7 +78,9 @@ def config(tmp_path: Path) -> Iterator[Config]:
     config = config_at(tmp_path)
     yield config
     release(config, (), everything=True)
-    assert mounts_under(tmp_path) == [] and loops_under(tmp_path) == []
+    assert mounts_under(tmp_path) == []
+    # a lazily detached loop device is freed once the mount's last user lets go
+    wait_for(lambda: loops_under(tmp_path) == [], 30, "the loop devices freed")
 
 
 # --- one area mount ----------------------------------------------------------------------
@@ -184,7 +186,7 @@ def test_release_keeps_what_a_running_session_needs_and_lets_go_of_the_rest(
     _, released = release(config, [])
     assert {holding.kind for holding in released} >= {"mount"}
     assert mounts_under(config.daemon.state_dir) == []
-    assert loops_under(store(config)) == []
+    wait_for(lambda: loops_under(store(config)) == [], 30, "the released image's loop freed")
     assert [holding for holding in holdings(config) if holding.kind != "netns"] == []
     assert release(config, [])[0] == []  # gone is done
 
