@@ -136,7 +136,9 @@ def make_stack(
     inputs.mkdir()
     (inputs / "dataset.txt").write_text("input data\n")
     output_root = tmp_path / "output"
-    ssh_first, ftp_first, passive_first = port_block(5), port_block(5), port_block(20)
+    # One block for all three ranges: three random blocks could overlap.
+    ssh_first = port_block(31)
+    ftp_first, passive_first = ssh_first + 5, ssh_first + 10
     calendar = radicale_private.new_calendar("gpu")
     config_file = tmp_path / "config.toml"
     config_file.write_text(
@@ -182,7 +184,7 @@ emails = {{ alice = "alice@example.org" }}
 
 [storage]
 output_root = "{output_root}"
-sftp_port = {port_block(1)}
+sftp_port = {ssh_first + 30}
 [[storage.inputs]]
 source = "{inputs}"
 target = "/data"
