@@ -46,10 +46,10 @@ from daemon_stage import write_config as write_stage_config
 from support.configs import CalDav, free_ports, write_daemon_config
 from test_daemon_cli import ics_event
 
+from gpuresa.backends.engines import Runtime
 from gpuresa.commands.host_commands import release_host
 from gpuresa.config.reading import load_config
 from gpuresa.config.sections import Config
-from gpuresa.runtime import Runtime
 
 HOST = f"bench-{os.getpid()}"
 

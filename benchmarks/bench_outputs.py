@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from conftest import BASE_IMAGE, RUN_ID, RUN_LABEL, DockerHarness
 from test_runtime import free_block, make_site, run, ssh_login
 
-from gpuresa.outputs.service import OutputService
-from gpuresa.runtime.host_holds import release
+from gpuresa.backends.engines.host_holds import release
+from gpuresa.backends.engines.output_service import OutputService
 
 
 def sftp_client(port: int, key: paramiko.PKey) -> tuple[paramiko.SSHClient, paramiko.SFTPClient]:

@@ -44,12 +44,12 @@ import docker
 import docker.errors
 import paramiko
 
+from gpuresa.backends.engines import Runtime
+from gpuresa.backends.engines.engines import PODMAN_SOCKET
 from gpuresa.config.reading import parse_config
 from gpuresa.config.sections import Config
 from gpuresa.model import SessionSpec
-from gpuresa.runtime import Runtime
-from gpuresa.runtime.engines import PODMAN_SOCKET
-from gpuresa.runtime.output_area import release_area
+from gpuresa.outputs.running_area import release_area
 
 BASE_IMAGE = "gpuresa/base:bookworm"
 LOGIN = "bench"

@@ -43,9 +43,6 @@ def rss_mib() -> float:
 
 
 def child(mode: str) -> dict[str, float]:
-    import gpuresa.config.sections
-    import gpuresa.model
-    import gpuresa.runtime  # noqa: F401  (what the daemon holds anyway)
 
     if mode == "off":
         start = cpu()

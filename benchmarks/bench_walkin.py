@@ -31,12 +31,12 @@ from grr_database import SOCKET, GRRDatabase
 from support.configs import CalDav, write_daemon_config
 from test_daemon_cli import ics_event
 
+from gpuresa.backends.engines import Runtime
 from gpuresa.commands.host_commands import release_host
 from gpuresa.config.calendar_sections import DaemonConfig
 from gpuresa.config.reading import load_config
 from gpuresa.config.sections import Config
 from gpuresa.reservations.sources import CalendarSource, open_source
-from gpuresa.runtime import Runtime
 
 HOST = f"bench-walkin-{os.getpid()}"
 # A booking is a walk-in: it starts the second it is written, for half an hour.

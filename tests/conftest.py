@@ -31,7 +31,7 @@ import docker
 import docker.errors
 import pytest
 
-from gpuresa.runtime import firewall
+from gpuresa.backends.engines import firewall
 
 BASE_IMAGE = "gpuresa/base:bookworm"
 # A run's workers (pytest-xdist) inherit its prefix: the run's check of the machine tells
@@ -526,9 +526,9 @@ def _no_inherited_config(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(autouse=True)
 def _running_areas_unmounted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Sessions mount a running area in each state folder (`output_area`), which a test
+    """Sessions mount a running area in each state folder (`outputs.running_area`), which a test
     that starts sessions without a daemon leaves: unmount the test's after it."""
-    from gpuresa.runtime.output_area import RUNNING_FOLDER
+    from gpuresa.outputs.running_area import RUNNING_FOLDER
 
     yield
     base = str(tmp_path_factory.getbasetemp())

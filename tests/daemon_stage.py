@@ -19,9 +19,9 @@ from support.configs import write_daemon_config
 from support.logins import try_login
 from test_daemon_cli import ics_event
 
+from gpuresa.backends.engines import Runtime
 from gpuresa.config.reading import load_config
 from gpuresa.config.sections import Config
-from gpuresa.runtime import Runtime
 
 # Programs a hostile user replaces in their session with ones that never return.
 REPLACED = ("wall", "pkill", "pgrep", "kill", "timeout", "sleep")

@@ -1,4 +1,4 @@
-"""The session protocol's promises (`gpuresa.backends.protocol`), checked on every backend.
+"""The session protocol's promises (`gpuresa.sessions.protocol`), checked on every backend.
 
 Each test takes `contract`, one backend of a real site in turn (Docker, Podman,
 udocker, a Slurm cluster), and speaks only the protocol: what passes here for one
@@ -24,13 +24,14 @@ from conftest import _harness
 from slurm_site import SlurmSite, slurm_site
 from test_runtime import Site, built_fixture, make_site, run, ssh_login  # noqa: F401
 
-from gpuresa.backends.capabilities import host_capabilities
+from gpuresa.backends.engines import Runtime
+from gpuresa.backends.engines.output_service import OutputService
 from gpuresa.backends.factory import open_backend
-from gpuresa.backends.protocol import SessionBackend
 from gpuresa.backends.udocker import UdockerBackend
+from gpuresa.config.capabilities import host_capabilities
 from gpuresa.model import Session, SessionSpec
-from gpuresa.outputs.service import OutputService
-from gpuresa.runtime import Runtime, SessionError
+from gpuresa.sessions.errors import SessionError
+from gpuresa.sessions.protocol import SessionBackend
 
 
 @dataclasses.dataclass

@@ -15,6 +15,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 from support.configs import config_of
 
+from gpuresa.backends.engines.oneshot import BENCH_LABEL, oneshot_payload
 from gpuresa.bench.holders import gpu_holders
 from gpuresa.bench.report import CONTAINER, HOST, Comparison, Sample, compare, summary
 from gpuresa.bench.runner import BenchFailed, RunOutput, check_framework, run_bench
@@ -34,11 +35,10 @@ from gpuresa.cli import build_parser
 from gpuresa.commands.bench_commands import choose_gpus, choose_workload
 from gpuresa.config.sections import Config
 from gpuresa.errors import UserError
+from gpuresa.gpus.access import gpu_access
 from gpuresa.model import Reservation, Session
 from gpuresa.planning.facts import Inventory
-from gpuresa.runtime.create_payloads import gpu_access
-from gpuresa.runtime.labels import HOST_LABEL, KEY_LABEL
-from gpuresa.runtime.oneshot import BENCH_LABEL, oneshot_payload
+from gpuresa.sessions.labels import HOST_LABEL, KEY_LABEL
 
 FIXTURES = Path(__file__).parent / "fixtures" / "bench"
 NOW = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)

@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 from conftest import BASE_IMAGE, TEST_HOST, DockerHarness
 
+from gpuresa.backends.engines import Runtime
+from gpuresa.backends.engines.engine import Engine
+from gpuresa.backends.engines.oneshot import BENCH_LABEL, OneShot, OneShotTimeout
 from gpuresa.cli import main
 from gpuresa.config.reading import load_config
 from gpuresa.journal.store import Journal
 from gpuresa.model import Reservation, Session
-from gpuresa.runtime import Runtime
-from gpuresa.runtime.engine import Engine
-from gpuresa.runtime.oneshot import BENCH_LABEL, OneShot, OneShotTimeout
 
 pytestmark = pytest.mark.docker
 

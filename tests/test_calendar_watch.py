@@ -27,11 +27,11 @@ from daemon_stage import DaemonProcess, wait_ssh_ready
 from support.configs import write_daemon_config
 from test_daemon_cli import ics_event
 
+from gpuresa.backends.engines import Runtime
 from gpuresa.config.reading import load_config
 from gpuresa.errors import UserError
 from gpuresa.journal.store import Journal
 from gpuresa.reservations.sources.watching import GAP, PathWatch, Watches, open_inotify
-from gpuresa.runtime import Runtime
 
 # Long enough that a poll cannot explain a booking seen within a few seconds.
 POLL = "30s"

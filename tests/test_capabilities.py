@@ -1,4 +1,4 @@
-"""What a backend can do (`gpuresa.backends.capabilities`), and the one session record.
+"""What a backend can do (`gpuresa.config.capabilities`), and the one session record.
 
 Pure: configs parsed in memory, specs and sessions built as values, the source
 of gpuresa read as text. The backends' own declarations are checked against
@@ -18,15 +18,15 @@ import pytest
 from support.configs import config_of
 
 import gpuresa
-from gpuresa.backends.capabilities import Capabilities, host_capabilities
+from gpuresa.config.capabilities import Capabilities, host_capabilities
 from gpuresa.config.sections import HostConfig
 from gpuresa.daemon import session_record
 from gpuresa.daemon.records import session_from_record
 from gpuresa.mail.notices import start_message
 from gpuresa.model import Session, SessionSpec
-from gpuresa.runtime import SessionError
-from gpuresa.runtime.session_files import SessionFacts, motd_text
-from gpuresa.runtime.specs import check_spec
+from gpuresa.sessions.errors import SessionError
+from gpuresa.sessions.files import SessionFacts, motd_text
+from gpuresa.sessions.specs import check_spec
 
 T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 
@@ -92,9 +92,9 @@ ENGINE_TEST = re.compile(
     r"|(==|!=)\s*\"(docker|podman|udocker|slurm)\""
     r"|\"(docker|podman|udocker|slurm)\"\s*(==|!=|\bin\b)"
 )
-# where an engine's name may be asked: the backends (the Docker/Podman one is `runtime/`)
+# where an engine's name may be asked: the backends
 # and the config's checks of which options an engine accepts
-NAMES_ALLOWED = ("backends", "config", "runtime")
+NAMES_ALLOWED = ("backends", "config")
 
 
 def test_no_code_outside_the_backends_asks_which_engine_it_talks_to() -> None:

@@ -21,8 +21,8 @@ from conftest import TEST_HOST, DockerHarness
 from support.configs import write_daemon_config
 from support.waiting import wait_for
 
+from gpuresa.backends.engines import Runtime
 from gpuresa.config.reading import load_config
-from gpuresa.runtime import Runtime
 
 
 def ics_event(uid: str, start: datetime, end: datetime, summary: str, description: str) -> str:

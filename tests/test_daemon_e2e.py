@@ -30,13 +30,13 @@ from support.configs import free_ports
 from support.logins import run, sftp_login, try_login
 from support.waiting import polls_later, wait_for
 
+from gpuresa.backends.engines import Runtime
+from gpuresa.backends.engines.output_service import OutputService
 from gpuresa.config.reading import load_config
 from gpuresa.config.sections import Config
 from gpuresa.journal.store import Journal
 from gpuresa.model import Session
-from gpuresa.outputs.service import OutputService
-from gpuresa.runtime import Runtime
-from gpuresa.runtime.output_area import running_path
+from gpuresa.outputs.running_area import running_path
 
 
 def port_block(size: int) -> int:

@@ -20,14 +20,14 @@ from conftest import TEST_HOST, DockerHarness, SMTPServer, free_port
 from support.waiting import polls_later, wait_for
 from test_daemon_cli import ics_event, write_ics_config
 
+from gpuresa.backends.engines import Runtime
 from gpuresa.config.reading import load_config
 from gpuresa.daemon import Daemon, session_record
 from gpuresa.errors import UserError
 from gpuresa.journal.store import Journal
 from gpuresa.mail.smtp import Notifier
 from gpuresa.reservations.catalog import SHIPPED_TEMPLATES
-from gpuresa.runtime import Runtime
-from gpuresa.runtime.labels import session_name
+from gpuresa.sessions.labels import session_name
 
 
 def wait_until_running(daemon: Daemon, key: str, timeout: float) -> None:

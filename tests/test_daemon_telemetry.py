@@ -28,6 +28,7 @@ from support.waiting import wait_for
 from test_daemon_cli import ics_event, write_ics_config
 from test_daemon_outages import wait_until_running
 
+from gpuresa.backends.engines import Runtime
 from gpuresa.config.reading import load_config
 from gpuresa.daemon import Daemon
 from gpuresa.daemon.observing import held_back, planning_inventory
@@ -35,7 +36,6 @@ from gpuresa.gpus.telemetry import Telemetry
 from gpuresa.gpus.tracker import HostInspector
 from gpuresa.model import SessionSpec
 from gpuresa.planning.actions import Recreate, Start, Stop
-from gpuresa.runtime import Runtime
 
 BUSY_PERCENT = 98  # what the recorded busy H100 said (nvml-busy.json)
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from gpuresa.runtime.engine_errors import EngineRefused, again_if_interface_vanished
+from gpuresa.backends.engines.engine_errors import EngineRefused, again_if_interface_vanished
 
 VANISHED = "Docker refused to create network gpuresa-x: route ip+net: no such network interface"
 

@@ -26,7 +26,7 @@ import pytest
 from conftest import PODMAN_SOCKET, DockerHarness
 from test_runtime import built_fixture, make_site, run, ssh_login  # noqa: F401  (`built`)
 
-from gpuresa.runtime.forwarding import stale_rules
+from gpuresa.backends.engines.forwarding import stale_rules
 
 GONE = "a" * 64
 LIVE = "b" * 64
@@ -194,7 +194,7 @@ def test_a_session_works_on_ports_a_killed_podman_service_left_forwarded(
     assert all(nat_rules(rule) for rule in written)
 
     try:
-        caplog.set_level(logging.WARNING, logger="gpuresa.runtime.forwarding")
+        caplog.set_level(logging.WARNING, logger="gpuresa.backends.engines.forwarding")
         spec = site.spec(runtime)
         assert (spec.ssh_port, spec.ftp_port) == (first.ssh_port, first.ftp_port)
         second = runtime.start(spec)

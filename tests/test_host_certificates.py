@@ -28,13 +28,13 @@ from conftest import BASE_IMAGE, DockerHarness
 from support.configs import free_ports
 from test_runtime import Site, built_fixture, make_site, port_free, ssh_login
 
+from gpuresa.backends.engines.output_service import OutputService
 from gpuresa.config.reading import parse_config
 from gpuresa.mail.notices import start_message
 from gpuresa.model import Session
 from gpuresa.outputs.host_ca import CERTIFICATE, HOST_KEY, PUBLIC, HostCA
 from gpuresa.outputs.messages import start_details
-from gpuresa.outputs.service import OutputService
-from gpuresa.runtime.session_files import HOST_KEYS_FOLDER
+from gpuresa.sessions.files import HOST_KEYS_FOLDER
 
 __all__ = ["built_fixture"]  # a fixture of test_runtime.py, used here too
 

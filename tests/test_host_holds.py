@@ -1,5 +1,5 @@
 """What gpuresa holds in the host's kernel: one area mount however many prepare it, and
-nothing left when no session needs it (`output_area`, `host_holds`, `gpuresa host release`).
+nothing left when no session needs it (`outputs.running_area`, `backends.engines.host_holds`, `gpuresa host release`).
 
 Real mounts, loop devices, Docker sessions and daemons; each test removes what it made.
 """
@@ -24,13 +24,13 @@ from conftest import DockerHarness
 from support.waiting import wait_for
 from test_daemon_cli import ics_event, write_ics_config
 
+from gpuresa.backends.engines import Runtime, host_holds
+from gpuresa.backends.engines.host_holds import holdings, release, release_unneeded
 from gpuresa.config.reading import load_config, parse_config
 from gpuresa.config.sections import Config
 from gpuresa.daemon.service import Daemon
 from gpuresa.outputs.capped import image_path, mount_capped
-from gpuresa.runtime import Runtime, host_holds
-from gpuresa.runtime.host_holds import holdings, release, release_unneeded
-from gpuresa.runtime.output_area import (
+from gpuresa.outputs.running_area import (
     area,
     area_problem,
     ensure_area,
@@ -114,7 +114,7 @@ def test_two_processes_of_four_threads_make_one_area_mount(config: Config, tmp_p
         import os, threading, time
         from pathlib import Path
         from gpuresa.config.reading import parse_config
-        from gpuresa.runtime.output_area import ensure_area
+        from gpuresa.outputs.running_area import ensure_area
         config = parse_config(
             {{"storage": {{"output_root": "{tmp_path / "output"}"}},
              "daemon": {{"state_dir": "{tmp_path}"}}}},
@@ -165,7 +165,7 @@ def test_release_keeps_what_a_running_session_needs_and_lets_go_of_the_rest(
 ) -> None:
     capped_pair(config)
     assert len(loops_under(store(config))) == 2
-    caplog.set_level(logging.INFO, "gpuresa.runtime.host_holds")
+    caplog.set_level(logging.INFO, "gpuresa.backends.engines.host_holds")
     kept = release_unneeded(config, ["a"])
     assert sorted(str(holding) for holding in kept if holding.kind == "mount") == [
         f"mount {area(config).resolve()}",
@@ -254,7 +254,7 @@ def test_a_stopped_daemon_keeps_what_its_session_needs_and_release_all_frees_the
     try:
         [session] = wait_for(lambda: runtime.list_sessions(), 90, "the session to start")[:1]
     finally:
-        caplog.set_level(logging.INFO, "gpuresa.runtime.host_holds")
+        caplog.set_level(logging.INFO, "gpuresa.backends.engines.host_holds")
         daemon.shutdown()
     running = running_path(config, session.key)
     assert mounts_under(area(config)) == [area(config).resolve(), running.resolve()]

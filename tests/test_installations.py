@@ -30,12 +30,13 @@ from test_runtime import (  # noqa: F401  (the fixtures `built` and `site`)
     ssh_login,
 )
 
+from gpuresa.backends.engines import Runtime
+from gpuresa.backends.engines.identity import ID_FILE, installation_label
 from gpuresa.model import SessionSpec
 from gpuresa.planning.facts import Inventory, Memory
 from gpuresa.planning.planner import plan
-from gpuresa.runtime import Runtime, SessionError
-from gpuresa.runtime.identity import ID_FILE, installation_label
-from gpuresa.runtime.labels import MAIN_ROLE, ROLE_LABEL, safe_key, session_labels
+from gpuresa.sessions.errors import SessionError
+from gpuresa.sessions.labels import MAIN_ROLE, ROLE_LABEL, safe_key, session_labels
 
 
 def neighbour(site: Site) -> Site:
@@ -49,7 +50,7 @@ def test_neither_installation_stops_the_others_session(
     mine, theirs = site.runtime(), neighbour(site).runtime()
     session = mine.start(site.spec(mine))
     assert theirs.list_sessions() == []
-    caplog.set_level(logging.WARNING, logger="gpuresa.runtime.host_sessions")
+    caplog.set_level(logging.WARNING, logger="gpuresa.backends.engines.host_sessions")
     (shown,) = theirs.foreign_sessions()
     assert (shown.key, shown.state) == (session.key, "running")
     # its planner sees no session of its own: no orphan to stop, with every grace long over

@@ -33,9 +33,10 @@ from test_runtime import (  # noqa: F401  (the fixtures `built` and `site`)
     site_fixture,
 )
 
+from gpuresa.backends.engines import firewall
 from gpuresa.model import Session
-from gpuresa.runtime import SessionError, firewall
-from gpuresa.runtime.labels import session_name
+from gpuresa.sessions.errors import SessionError
+from gpuresa.sessions.labels import session_name
 
 HOST_PYTHON = "/usr/bin/python3"
 SERVED_PORT = 8000
@@ -207,8 +208,8 @@ def test_cleanup_collects_the_rule_of_a_vanished_session_and_no_one_elses(site: 
 def test_a_network_that_cannot_be_closed_fails_with_the_reason() -> None:
     # the daemon without CAP_NET_ADMIN (a unit that left it out): no session is left open
     script = (
-        "from gpuresa.runtime import firewall\n"
-        "from gpuresa.runtime.errors import SessionError\n"
+        "from gpuresa.backends.engines import firewall\n"
+        "from gpuresa.sessions.errors import SessionError\n"
         "try:\n"
         f"    firewall.guard('0123456789abcdef', 'gpuresa-t-nocap', ['{UNUSED_SUBNET}'], 'k1')\n"
         "except SessionError as error:\n"

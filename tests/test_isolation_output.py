@@ -34,8 +34,8 @@ from test_runtime import (  # noqa: F401  (the fixtures `built` and `site`)
 
 from gpuresa.outputs.handover import retry_pending
 from gpuresa.outputs.records import folder_bytes
+from gpuresa.outputs.running_area import area, area_problem, ensure_area, release_area, store
 from gpuresa.outputs.tree import CAPABILITY_XATTR, hand_tree, remove_tree
-from gpuresa.runtime.output_area import area, area_problem, ensure_area, release_area, store
 
 SHARED_ROOT = 100000  # host uid of root in every Docker session (userns-remap)
 
@@ -217,7 +217,7 @@ def test_one_hand_over_of_many_files_never_follows_a_link(tmp_path: Path) -> Non
 def test_a_failed_hand_over_stays_root_only_and_is_retried(tmp_path: Path) -> None:
     site = config_at(tmp_path)
     ensure_area(site.config)
-    from gpuresa.runtime.output_area import remember, running_path
+    from gpuresa.outputs.running_area import remember, running_path
 
     final = tmp_path / "output" / "alice" / "out"
     remember(site.config, "k1", "alice", final)

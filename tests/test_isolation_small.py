@@ -39,6 +39,8 @@ from test_runtime import (  # noqa: F401  (the fixtures `built` and `site`)
     ssh_login,
 )
 
+from gpuresa.backends.engines import processes, stopping
+from gpuresa.backends.engines.create_payloads import FTP_PIDS_LIMIT, LOG_MAX_FILES
 from gpuresa.backends.udocker.records import Record, Records, write_file
 from gpuresa.cli import main
 from gpuresa.config.pid_budget import (
@@ -49,8 +51,6 @@ from gpuresa.config.pid_budget import (
 )
 from gpuresa.config.reading import parse_config
 from gpuresa.model import SessionSpec
-from gpuresa.runtime import processes, stopping
-from gpuresa.runtime.create_payloads import FTP_PIDS_LIMIT, LOG_MAX_FILES
 
 MIB = 1 << 20
 

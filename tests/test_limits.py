@@ -12,7 +12,7 @@ from gpuresa.config.reading import parse_config
 from gpuresa.config.schema import Share, Size
 from gpuresa.config.sections import LimitsConfig
 from gpuresa.errors import ConfigError
-from gpuresa.runtime.limits import (
+from gpuresa.sessions.limits import (
     MIN_SESSION_CPUS,
     MIN_SESSION_MEMORY,
     HostTotals,

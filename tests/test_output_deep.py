@@ -34,16 +34,16 @@ from test_runtime import (  # noqa: F401  (the fixtures `images`, `docker_site`,
     ssh_login,
 )
 
+from gpuresa.backends.engines.output_service import OutputService
 from gpuresa.commands.output_commands import _row as row_of
 from gpuresa.config.schema import Share
+from gpuresa.daemon.output_duties import OutputDuties
 from gpuresa.outputs.capped import image_path
 from gpuresa.outputs.copying import copy_tree
-from gpuresa.outputs.duties import OutputDuties
 from gpuresa.outputs.handover import retry_pending
 from gpuresa.outputs.owners import output_owner
 from gpuresa.outputs.records import image_relative
-from gpuresa.outputs.service import OutputService
-from gpuresa.runtime.output_area import pending, stored_path
+from gpuresa.outputs.running_area import pending, stored_path
 
 DEPTH = 600
 LINK = "d" * 8

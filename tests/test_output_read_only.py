@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from support.waiting import wait_for
 
-import gpuresa.runtime  # noqa: F401  (first: outputs.handover alone imports in a cycle)
+import gpuresa.backends.engines  # noqa: F401  (first: outputs.handover alone imports in a cycle)
 from gpuresa.access import host_account
 from gpuresa.config.reading import parse_config
 from gpuresa.config.sections import Config

@@ -25,6 +25,10 @@ from cryptography.hazmat.primitives import serialization
 from test_runtime import make_site, run, ssh_login
 
 from gpuresa.access import Account
+from gpuresa.backends.engines.create_payloads import MainContainer, ftp_payload, main_payload
+from gpuresa.backends.engines.output_container import accounts_text
+from gpuresa.backends.engines.output_service import OutputService
+from gpuresa.backends.port_safety import port_warnings, unprivileged_port_start
 from gpuresa.cli import main
 from gpuresa.commands.daemon_commands import status_report
 from gpuresa.commands.output_commands import human_size
@@ -32,11 +36,11 @@ from gpuresa.config.reading import parse_config
 from gpuresa.config.schema import Share, Size
 from gpuresa.config.sections import StorageConfig
 from gpuresa.daemon import journal_path
+from gpuresa.daemon.output_duties import OutputDuties
 from gpuresa.errors import ConfigError
 from gpuresa.journal.store import Journal
 from gpuresa.mail.notices import end_message, start_message
 from gpuresa.model import Session, SessionSpec
-from gpuresa.outputs.container import accounts_text
 from gpuresa.outputs.credentials import HostCredentials
 from gpuresa.outputs.disk import (
     disk_level,
@@ -46,16 +50,12 @@ from gpuresa.outputs.disk import (
     mount_of,
     quota_problem,
 )
-from gpuresa.outputs.duties import OutputDuties
 from gpuresa.outputs.host_ca import HostCA, certificate_validity
 from gpuresa.outputs.messages import end_details, removal_notice_message
 from gpuresa.outputs.owners import output_owner, uid_overlaps
 from gpuresa.outputs.records import OutputFolder, OutputRecords, notice_due, removal_due
-from gpuresa.outputs.service import OutputService
-from gpuresa.runtime import SessionError
-from gpuresa.runtime.create_payloads import MainContainer, ftp_payload, main_payload
-from gpuresa.runtime.output_area import running_path
-from gpuresa.runtime.port_safety import port_warnings, unprivileged_port_start
+from gpuresa.outputs.running_area import running_path
+from gpuresa.sessions.errors import SessionError
 
 NOW = datetime(2025, 3, 10, 12, 0, tzinfo=UTC)
 DAY = timedelta(days=1)

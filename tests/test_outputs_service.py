@@ -32,6 +32,7 @@ from ftps_client import Ftps
 from support import logins
 from test_runtime import Site, free_block, host_login, make_site, run, running_output, ssh_login
 
+from gpuresa.backends.engines.output_service import OutputService
 from gpuresa.config.sections import Config
 from gpuresa.mail.notices import start_message
 from gpuresa.model import Session
@@ -39,9 +40,8 @@ from gpuresa.outputs.credentials import HostCredentials
 from gpuresa.outputs.host_ca import HostCA
 from gpuresa.outputs.messages import start_details
 from gpuresa.outputs.owners import output_owner
-from gpuresa.outputs.service import OutputService
-from gpuresa.runtime.labels import ftp_name
-from gpuresa.runtime.output_area import running_path
+from gpuresa.outputs.running_area import running_path
+from gpuresa.sessions.labels import ftp_name
 
 __all__ = ["host_login"]  # a fixture of test_runtime.py, used here too
 

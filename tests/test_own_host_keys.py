@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 from support.configs import config_of
 
-from gpuresa.backends.host_keys import fingerprint_in, fingerprint_of
 from gpuresa.config.sections import Config
 from gpuresa.daemon.notices import Notices
 from gpuresa.journal.guard import open_journal
@@ -24,6 +23,7 @@ from gpuresa.mail.outbox import Outbox
 from gpuresa.mail.smtp import Notifier
 from gpuresa.model import Session
 from gpuresa.outputs.messages import start_details
+from gpuresa.sessions.host_keys import fingerprint_in, fingerprint_of
 
 
 def made_key(folder: Path, name: str = "key") -> Path:

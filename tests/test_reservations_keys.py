@@ -21,8 +21,8 @@ from gpuresa.model import (
 )
 from gpuresa.planning.planner import plan
 from gpuresa.reservations.rules import read_calendar
-from gpuresa.runtime.labels import ftp_name, session_name
-from gpuresa.runtime.specs import new_spec
+from gpuresa.sessions.labels import ftp_name, session_name
+from gpuresa.sessions.specs import new_spec
 
 # what Docker accepts as a container or network name
 DOCKER_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]+")

@@ -43,17 +43,18 @@ from support.gpu_nodes import stand_in_gpu_nodes
 from support.logins import run as run  # for the tests that log in to sessions of this site
 from support.waiting import wait_for
 
+from gpuresa.backends.engines import Runtime, processes, stopping
+from gpuresa.backends.engines.engine import Engine, EngineRefused
+from gpuresa.backends.engines.namespaces import require_user_namespaces
 from gpuresa.cli import main
 from gpuresa.config.reading import parse_config
 from gpuresa.config.sections import Config
 from gpuresa.model import Session, SessionSpec
+from gpuresa.outputs.folder import remap_base
+from gpuresa.outputs.running_area import running_path
 from gpuresa.planning.allocation import AllocationError
-from gpuresa.runtime import Runtime, RuntimeUnavailable, SessionError, processes, stopping
-from gpuresa.runtime.engine import Engine, EngineRefused
-from gpuresa.runtime.labels import session_name
-from gpuresa.runtime.namespaces import require_user_namespaces
-from gpuresa.runtime.output import remap_base
-from gpuresa.runtime.output_area import running_path
+from gpuresa.sessions.errors import RuntimeUnavailable, SessionError
+from gpuresa.sessions.labels import session_name
 
 LOGINS = ("alice", "bob")
 

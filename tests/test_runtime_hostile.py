@@ -38,17 +38,17 @@ from test_runtime import (  # the module's image fixture and site helpers
     without_user_namespaces,
 )
 
+from gpuresa.backends.engines.engine import Engine
+from gpuresa.backends.engines.images import BUILT_FOR_LABEL, HASH_LABEL
 from gpuresa.mail.notices import FTP_PASSWORD_PATH
-from gpuresa.runtime import (
+from gpuresa.sessions.errors import (
     EngineTimeout,
     ImageMissing,
     PortRefused,
     RuntimeUnavailable,
     SessionError,
 )
-from gpuresa.runtime.engine import Engine
-from gpuresa.runtime.images import BUILT_FOR_LABEL, HASH_LABEL
-from gpuresa.runtime.labels import session_name
+from gpuresa.sessions.labels import session_name
 
 # tools gpuresa once ran in sessions (wall, pkill, pgrep, set-end.sh's tr) and tools
 # a stop might be tempted to use; each becomes a script that never returns

@@ -24,7 +24,7 @@ from test_runtime import (  # noqa: F401  (the fixtures `built` and `site`)
 
 from gpuresa.config.schema import Size
 from gpuresa.config.sections import LimitsConfig
-from gpuresa.runtime.limits import MEMORY_STEP
+from gpuresa.sessions.limits import MEMORY_STEP
 
 MIB = 1 << 20
 

@@ -12,9 +12,9 @@ import pytest
 from gpuresa.config.reading import parse_config
 from gpuresa.model import SessionSpec
 from gpuresa.outputs import tree
-from gpuresa.runtime import SessionError
-from gpuresa.runtime.labels import safe_key
-from gpuresa.runtime.output import hand_over, output_path, prepare_output, remap_base
+from gpuresa.outputs.folder import hand_over, output_path, prepare_output, remap_base
+from gpuresa.sessions.errors import SessionError
+from gpuresa.sessions.labels import safe_key
 
 REMAPPED = 100000
 

@@ -16,21 +16,20 @@ from hypothesis import given
 from hypothesis import strategies as st
 from support.configs import config_of
 
-from gpuresa.config.sections import Config, HostConfig
-from gpuresa.model import IdRange, SessionSpec
-from gpuresa.runtime import SessionError
-from gpuresa.runtime.create_payloads import (
+from gpuresa.backends.engines.create_payloads import (
     FTP_CAPABILITIES,
     MAIN_CAPABILITIES,
-    GpuAccess,
     MainContainer,
     ftp_payload,
-    gpu_access,
     main_payload,
     passive_address,
 )
-from gpuresa.runtime.engines import Docker, Podman
-from gpuresa.runtime.labels import (
+from gpuresa.backends.engines.engines import Docker, Podman
+from gpuresa.config.sections import Config, HostConfig
+from gpuresa.gpus.access import GpuAccess, gpu_access
+from gpuresa.model import IdRange, SessionSpec
+from gpuresa.sessions.errors import SessionError
+from gpuresa.sessions.labels import (
     ftp_name,
     safe_key,
     session_from_labels,

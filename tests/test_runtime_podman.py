@@ -31,11 +31,8 @@ from test_runtime import (  # noqa: F401  (the fixtures `built` and `site`)
     ssh_login,
 )
 
-from gpuresa.cli import main
-from gpuresa.journal.store import Journal
-from gpuresa.model import IdRange
-from gpuresa.runtime import Runtime, SessionError
-from gpuresa.runtime.engines import (
+from gpuresa.backends.engines import Runtime
+from gpuresa.backends.engines.engines import (
     PODMAN_AUTO_USER,
     SESSION_ID_COUNT,
     Docker,
@@ -43,7 +40,11 @@ from gpuresa.runtime.engines import (
     mapped_range,
     subordinate_count,
 )
-from gpuresa.runtime.output_area import running_path
+from gpuresa.cli import main
+from gpuresa.journal.store import Journal
+from gpuresa.model import IdRange
+from gpuresa.outputs.running_area import running_path
+from gpuresa.sessions.errors import SessionError
 
 
 def test_two_sessions_of_one_login_get_host_ids_of_their_own_on_podman(site: Site) -> None:

@@ -25,8 +25,8 @@ from gpuresa.mail.notices import FTP_PASSWORD_PATH
 from gpuresa.mail.outbox import Outbox
 from gpuresa.mail.smtp import Notifier
 from gpuresa.model import Session
-from gpuresa.runtime.labels import SESSION_FILES_TARGET
-from gpuresa.runtime.session_files import FTP_PASSWORD_FILE
+from gpuresa.sessions.files import FTP_PASSWORD_FILE
+from gpuresa.sessions.labels import SESSION_FILES_TARGET
 
 __all__ = ["host_login"]  # a fixture of test_runtime.py, used here too
 

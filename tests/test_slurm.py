@@ -26,9 +26,9 @@ from slurm_site import NODE, SlurmSite, slurm_site
 from support.waiting import wait_for
 from test_runtime import run, ssh_login
 
+from gpuresa.backends.port_safety import port_warnings, unprivileged_port_start
 from gpuresa.backends.slurm import slurm_name
-from gpuresa.runtime import SessionError
-from gpuresa.runtime.port_safety import port_warnings, unprivileged_port_start
+from gpuresa.sessions.errors import SessionError
 
 # real host accounts, real daemons and servers: not for the fast lane
 pytestmark = pytest.mark.services

@@ -33,10 +33,10 @@ from test_daemon_cli import ics_event
 from test_runtime import run
 
 from gpuresa.backends.factory import open_backend
-from gpuresa.backends.host_keys import fingerprint_in
 from gpuresa.backends.slurm import slurm_name
 from gpuresa.config.reading import load_config
 from gpuresa.journal.store import Journal
+from gpuresa.sessions.host_keys import fingerprint_in
 
 # real host accounts, real daemons and servers: not for the fast lane
 pytestmark = pytest.mark.services

@@ -28,7 +28,7 @@ from test_runtime import run, ssh_login
 from gpuresa.backends.slurm import slurm_name
 from gpuresa.backends.slurm.jobs import submission_comment
 from gpuresa.backends.slurm.records import Record, Records
-from gpuresa.runtime import SessionError
+from gpuresa.sessions.errors import SessionError
 
 # real host accounts, real Slurm jobs: not for the fast lane
 pytestmark = pytest.mark.services

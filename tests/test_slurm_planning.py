@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from test_reservations import VARIANTS, WINDOW, event, make_config
 
+from gpuresa.backends.port_safety import port_warnings
 from gpuresa.backends.slurm.gateway import Node
 from gpuresa.backends.slurm.jobs import STOP_MARGIN, limit_minutes
 from gpuresa.backends.slurm.placement import node_for
@@ -26,8 +27,7 @@ from gpuresa.planning.facts import Inventory
 from gpuresa.planning.planner import plan
 from gpuresa.reservations.conflicts import host_gpu_count, resolve_conflicts
 from gpuresa.reservations.rules import read_calendar
-from gpuresa.runtime.errors import SessionError
-from gpuresa.runtime.port_safety import port_warnings
+from gpuresa.sessions.errors import SessionError
 
 CLUSTER = [{"name": "cluster", "engine": "slurm", "ssh_ports": "20000-20009"}]
 

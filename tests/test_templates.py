@@ -18,12 +18,13 @@ import pytest
 from conftest import BASE_IMAGE
 from support.configs import config_of
 
+from gpuresa.backends.engines import Runtime
 from gpuresa.cli import main
 from gpuresa.config.reading import parse_config
 from gpuresa.config.sections import Config
 from gpuresa.reservations.catalog import template_variants
-from gpuresa.runtime import Runtime, SessionError
-from gpuresa.runtime.templates import (
+from gpuresa.sessions.errors import SessionError
+from gpuresa.sessions.templates import (
     ACCESS_LAYER,
     FTP_SIDECAR,
     available_templates,

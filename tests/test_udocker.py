@@ -31,15 +31,15 @@ from test_runtime import free_block
 
 from gpuresa.access import host_account
 from gpuresa.backends.factory import open_backend
-from gpuresa.backends.host_keys import fingerprint_of
 from gpuresa.backends.udocker import UdockerBackend, launch
 from gpuresa.backends.udocker.records import FINGERPRINT
 from gpuresa.config.reading import parse_config
 from gpuresa.gpus.cgroups import container_of
 from gpuresa.model import Session
 from gpuresa.outputs.messages import start_details
-from gpuresa.runtime import SessionError
-from gpuresa.runtime.limits import local_totals, session_limits
+from gpuresa.sessions.errors import SessionError
+from gpuresa.sessions.host_keys import fingerprint_of
+from gpuresa.sessions.limits import local_totals, session_limits
 
 # real host accounts, real daemons and servers: not for the fast lane
 pytestmark = pytest.mark.services

@@ -22,7 +22,7 @@ from test_udocker_config import write_config
 from gpuresa.access import LOWEST_HOST_UID, host_account
 from gpuresa.backends.udocker.records import HOST_KEY, Records
 from gpuresa.cli import main
-from gpuresa.runtime import SessionError
+from gpuresa.sessions.errors import SessionError
 
 # the login swaps every public host key it sees for a link to a root file, as fast as it can
 SWAPPER = r"""

@@ -28,7 +28,7 @@ from gpuresa.access import host_account
 from gpuresa.backends.udocker import UdockerBackend, launch, listening
 from gpuresa.config.schema import PortRange
 from gpuresa.model import SessionSpec
-from gpuresa.runtime import SessionError
+from gpuresa.sessions.errors import SessionError
 
 pytestmark = pytest.mark.services
 __all__ = ["login_fixture", "make_fixture", "site_fixture"]

@@ -31,11 +31,11 @@ from support.configs import write_daemon_config
 from test_daemon_cli import ics_event
 from unit_sandbox import Restrictions
 
+from gpuresa.backends.engines import Runtime
 from gpuresa.config.reading import load_config
 from gpuresa.config.sections import Config
 from gpuresa.journal.store import Journal
-from gpuresa.runtime import Runtime
-from gpuresa.runtime.output_area import RUNNING_FOLDER, area, running_path
+from gpuresa.outputs.running_area import RUNNING_FOLDER, area, running_path
 
 CONTENT = "written under the unit\n"
 GIB = 1 << 30

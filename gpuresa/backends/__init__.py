@@ -1,1 +1,4 @@
-"""Session backends: the protocol every one speaks (`protocol`), and which serves a host."""
+"""Session backends, one package each (`engines`: Docker and Podman, `udocker`, `slurm`).
+
+`factory.open_backend` picks a host's; what they all share is `gpuresa.sessions`.
+"""

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from gpuresa.backends.protocol import SessionBackend
 from gpuresa.config.sections import Config
 from gpuresa.errors import UserError
+from gpuresa.sessions.protocol import SessionBackend
 
 
 def open_backend(config: Config) -> SessionBackend:
@@ -22,6 +22,6 @@ def open_backend(config: Config) -> SessionBackend:
         from gpuresa.backends.slurm import SlurmBackend
 
         return SlurmBackend(config)
-    from gpuresa.runtime import Runtime
+    from gpuresa.backends.engines import Runtime
 
     return Runtime(config)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
+from gpuresa.backends.engines.oneshot import OneShot
 from gpuresa.bench.report import CONTAINER, HOST, Sample
 from gpuresa.bench.workloads import (
     CONTAINER_PYTHON,
@@ -31,7 +32,6 @@ from gpuresa.bench.workloads import (
     parse_measurement,
 )
 from gpuresa.errors import UserError
-from gpuresa.runtime.oneshot import OneShot
 
 log = logging.getLogger(__name__)
 

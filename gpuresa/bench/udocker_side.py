@@ -25,7 +25,7 @@ from gpuresa.backends.udocker.images import make_container
 from gpuresa.bench.report import CONTAINER
 from gpuresa.bench.runner import BenchFailed, RunOutput
 from gpuresa.bench.workloads import CONTAINER_PYTHON, CONTAINER_SCRIPTS, Workload
-from gpuresa.runtime.gpus import host_gpu_access
+from gpuresa.gpus.devices import host_gpu_access
 
 
 class UdockerSide:

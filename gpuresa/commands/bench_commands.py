@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from gpuresa.access import LOWEST_HOST_UID, Account, host_account
+from gpuresa.backends.engines import Runtime
+from gpuresa.backends.engines.oneshot import OneShot
 from gpuresa.backends.factory import open_backend
 from gpuresa.backends.udocker import UdockerBackend
 from gpuresa.backends.udocker.tools import as_user
@@ -45,9 +47,7 @@ from gpuresa.config.sections import Config
 from gpuresa.errors import UserError
 from gpuresa.model import Reservation, bench_key
 from gpuresa.planning.facts import Inventory
-from gpuresa.runtime import Runtime
-from gpuresa.runtime.oneshot import OneShot
-from gpuresa.runtime.templates import resolve_template
+from gpuresa.sessions.templates import resolve_template
 
 DEFAULT_RUNS = 3
 DEFAULT_WINDOW = "30m"

@@ -9,7 +9,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from gpuresa.backends.capabilities import host_capabilities
+from gpuresa.config.capabilities import host_capabilities
 from gpuresa.config.loading import example_text
 from gpuresa.config.machine import machine_problems
 from gpuresa.config.reading import load_config
@@ -44,9 +44,9 @@ def validate_command(arguments: argparse.Namespace) -> int:
         # what separates two sessions (docs/outputs.md, "Isolation of outputs")
         print(f"host {host.name}: isolation: {host_capabilities(host).isolation}")
     # what is valid but will not work as meant on this machine (ports, the output disk)
+    from gpuresa.backends.port_safety import port_warnings
     from gpuresa.config.pid_budget import pids_warnings
     from gpuresa.outputs.disk import disk_warnings
-    from gpuresa.runtime.port_safety import port_warnings
 
     for warning in [*port_warnings(config), *disk_warnings(config), *pids_warnings(config)]:
         print(f"warning: {warning}")
@@ -61,8 +61,8 @@ def _effective_limits(config: Config) -> dict[str, dict[str, str]]:
     Computed with this machine's CPUs and memory (each host's daemon computes
     its own from its engine), and the host's GPU list ("auto": nvidia-smi here).
     """
-    from gpuresa.runtime.gpus import HostGpus
-    from gpuresa.runtime.limits import local_totals, session_limits
+    from gpuresa.gpus.devices import HostGpus
+    from gpuresa.sessions.limits import local_totals, session_limits
 
     effective = {}
     for host in config.hosts:

@@ -11,8 +11,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from gpuresa.backends.capabilities import host_capabilities
 from gpuresa.backends.factory import open_backend
+from gpuresa.config.capabilities import host_capabilities
 from gpuresa.config.reading import load_config
 from gpuresa.config.schema import Invalid, format_duration, parse_duration
 from gpuresa.config.sections import Config
@@ -106,7 +106,7 @@ def not_run_yet(config: Config, path: Path) -> str:
 
 def status_report(config: Config, now: datetime) -> dict[str, Any]:
     """What `gpuresa status --json` prints: sessions from Docker, the rest from the journal."""
-    from gpuresa.runtime import RuntimeUnavailable
+    from gpuresa.sessions.errors import RuntimeUnavailable
 
     host = next((host for host in config.hosts if host.name == config.daemon.host), None)
     report: dict[str, Any] = {

@@ -250,8 +250,8 @@ def access_text(files: DemoFiles, config: Config, session: Session, public_host:
 def run_demo(root: Path, start_in: timedelta, length: timedelta) -> None:
     """Write the demo files, build the template image, run the daemon until Ctrl-C, then
     remove what the demo made (its sessions, the output service, mounts)."""
+    from gpuresa.backends.engines import Runtime
     from gpuresa.daemon import Daemon
-    from gpuresa.runtime import Runtime
 
     now = datetime.now(UTC)
     gpus = detect_gpus(docker_runtimes())

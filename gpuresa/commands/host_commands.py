@@ -7,16 +7,16 @@ import fcntl
 import logging
 from pathlib import Path
 
+from gpuresa.backends.engines.host_holds import Holding, release
+from gpuresa.backends.engines.output_service import OutputService
 from gpuresa.backends.factory import open_backend
-from gpuresa.backends.protocol import SessionBackend
 from gpuresa.commands.template_commands import docker_errors
 from gpuresa.config.reading import load_config
 from gpuresa.config.sections import Config
 from gpuresa.errors import UserError
 from gpuresa.inert import echo
 from gpuresa.outputs.handover import retry_pending
-from gpuresa.outputs.service import OutputService
-from gpuresa.runtime.host_holds import Holding, release
+from gpuresa.sessions.protocol import SessionBackend
 
 log = logging.getLogger(__name__)
 

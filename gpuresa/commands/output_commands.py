@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gpuresa.backends.engines.output_service import OutputService
 from gpuresa.backends.factory import open_backend
 from gpuresa.commands.template_commands import docker_errors
 from gpuresa.config.reading import load_config
@@ -18,10 +19,9 @@ from gpuresa.errors import UserError
 from gpuresa.inert import echo
 from gpuresa.outputs.disk import disk_warnings
 from gpuresa.outputs.records import OutputFolder
-from gpuresa.outputs.service import OutputService
+from gpuresa.outputs.running_area import ensure_area
 from gpuresa.outputs.tree import walk
-from gpuresa.runtime import SessionError
-from gpuresa.runtime.output_area import ensure_area
+from gpuresa.sessions.errors import SessionError
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any, cast
 from zoneinfo import ZoneInfo
 
+from gpuresa.backends.engines import Runtime
 from gpuresa.backends.factory import open_backend
 from gpuresa.commands.template_commands import docker_errors
 from gpuresa.config.reading import load_config
@@ -21,8 +22,7 @@ from gpuresa.config.sections import Config
 from gpuresa.errors import UserError
 from gpuresa.inert import echo
 from gpuresa.model import AD_HOC_PREFIX, Session
-from gpuresa.runtime import Runtime
-from gpuresa.runtime.labels import utc_text
+from gpuresa.sessions.labels import utc_text
 
 DEFAULT_LENGTH = "2h"
 

@@ -6,10 +6,15 @@ import argparse
 import contextlib
 from collections.abc import Iterator
 
+from gpuresa.backends.engines import Runtime
 from gpuresa.config.reading import load_config
 from gpuresa.errors import UserError
-from gpuresa.runtime import Runtime, RuntimeUnavailable
-from gpuresa.runtime.templates import available_templates, resolve_template, templates_directory
+from gpuresa.sessions.errors import RuntimeUnavailable
+from gpuresa.sessions.templates import (
+    available_templates,
+    resolve_template,
+    templates_directory,
+)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

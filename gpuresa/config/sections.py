@@ -197,7 +197,7 @@ class LimitsConfig:
 
     Unset `cpus` and `memory` give each session the host's CPUs and memory,
     less the reserve, in proportion to the GPUs it booked (see
-    `gpuresa.runtime.limits`); set, they apply to every session as they are.
+    `gpuresa.sessions.limits`); set, they apply to every session as they are.
     """
 
     cpus: float | None = Field(None, check=lambda value: _positive_cpus(value))

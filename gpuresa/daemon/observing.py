@@ -13,7 +13,7 @@ import functools
 import logging
 from collections.abc import Callable, Iterable, Sequence
 
-from gpuresa.backends.capabilities import host_capabilities
+from gpuresa.config.capabilities import host_capabilities
 from gpuresa.config.sections import Config, HostConfig
 from gpuresa.daemon.executor import LIFE_CYCLE
 from gpuresa.daemon.periodic import Periodic

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpuresa.backends.capabilities import host_capabilities
+from gpuresa.config.capabilities import host_capabilities
 from gpuresa.daemon.observing import GpuWatch, relevant_rejections
 from gpuresa.daemon.polling import Polling
 from gpuresa.daemon.survey import Survey

@@ -23,7 +23,7 @@ from gpuresa.daemon.work import UNWINDING, Done, Started
 from gpuresa.model import Session
 from gpuresa.planning.actions import Action, Stop
 from gpuresa.planning.planner import plan, wakeups
-from gpuresa.runtime.errors import ImageMissing, PortRefused, RuntimeUnavailable
+from gpuresa.sessions.errors import ImageMissing, PortRefused, RuntimeUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from gpuresa.backends.protocol import SessionBackend
 from gpuresa.config.sections import Config
 from gpuresa.gpus.findings import Finding
 from gpuresa.gpus.readings import GpuSnapshot
@@ -30,6 +29,7 @@ from gpuresa.gpus.tracker import (
 from gpuresa.gpus.usage_store import SessionUse, UsageStore
 from gpuresa.model import Session
 from gpuresa.observe.jobmap import write_job_mapping
+from gpuresa.sessions.protocol import SessionBackend
 
 log = logging.getLogger(__name__)
 

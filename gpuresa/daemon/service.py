@@ -25,7 +25,8 @@ from typing import IO
 from zoneinfo import ZoneInfo
 
 from gpuresa import systemd
-from gpuresa.backends.protocol import SessionBackend
+from gpuresa.backends.engines.host_holds import release_unneeded
+from gpuresa.backends.port_safety import port_warnings
 from gpuresa.config.pid_budget import pids_warnings
 from gpuresa.config.reading import load_config
 from gpuresa.config.sections import Config
@@ -43,9 +44,8 @@ from gpuresa.mail.smtp import Notifier
 from gpuresa.model import Session
 from gpuresa.observe.server import ObservationServer
 from gpuresa.outputs.disk import disk_warnings
-from gpuresa.runtime.errors import RuntimeUnavailable
-from gpuresa.runtime.host_holds import release_unneeded
-from gpuresa.runtime.port_safety import port_warnings
+from gpuresa.sessions.errors import RuntimeUnavailable
+from gpuresa.sessions.protocol import SessionBackend
 
 log = logging.getLogger(__name__)
 

@@ -11,19 +11,19 @@ import logging
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 
+from gpuresa.backends.engines.output_service import OutputService
 from gpuresa.backends.factory import open_backend
-from gpuresa.backends.protocol import SessionBackend
 from gpuresa.config.sections import Config
 from gpuresa.daemon.notices import Notices
+from gpuresa.daemon.output_duties import OutputDuties
 from gpuresa.daemon.work import Work
 from gpuresa.journal.store import Journal
 from gpuresa.mail.outbox import Outbox
 from gpuresa.mail.smtp import Notifier
 from gpuresa.model import Rejection
-from gpuresa.outputs.duties import OutputDuties
-from gpuresa.outputs.service import OutputService
 from gpuresa.reservations.calendars import CalendarReport, Calendars
 from gpuresa.reservations.claims import Claims
+from gpuresa.sessions.protocol import SessionBackend
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from gpuresa import systemd
 from gpuresa.daemon.periodic import Periodic
 from gpuresa.daemon.tools import Tools
 from gpuresa.model import Session
-from gpuresa.runtime.errors import EngineTimeout, RuntimeUnavailable
+from gpuresa.sessions.errors import EngineTimeout, RuntimeUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,6 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime
 
-from gpuresa.backends.protocol import SessionBackend
 from gpuresa.config.sections import Config
 from gpuresa.daemon.notices import Notices
 from gpuresa.daemon.records import session_from_record, session_record
@@ -30,7 +29,8 @@ from gpuresa.planning.actions import (
     Stop,
     Warn,
 )
-from gpuresa.runtime.errors import ImageMissing
+from gpuresa.sessions.errors import ImageMissing
+from gpuresa.sessions.protocol import SessionBackend
 
 log = logging.getLogger(__name__)
 

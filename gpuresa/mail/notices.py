@@ -26,7 +26,7 @@ from gpuresa.model import Rejection, Session
 
 SUBJECT_PREFIX = "[gpuresa]"
 OUTPUT_TARGET = Path("/output")
-# where a session shows its FTP password to its user (see gpuresa.runtime.session_files)
+# where a session shows its FTP password to its user (see gpuresa.sessions.files)
 FTP_PASSWORD_PATH = Path("/etc/gpuresa/session/ftp-password")
 
 

@@ -13,7 +13,7 @@ from datetime import UTC, datetime, tzinfo
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from gpuresa.backends.capabilities import host_capabilities
+from gpuresa.config.capabilities import host_capabilities
 from gpuresa.config.sections import Config, HostConfig
 from gpuresa.journal.store import Journal
 from gpuresa.model import Reservation, Session
@@ -85,7 +85,7 @@ def free_report(
 ) -> dict[str, Any]:
     """What `gpuresa status` says is free from `now`: from the journal's bookings the
     planner still sees and the backend's sessions, sentences in the site's zone."""
-    from gpuresa.runtime.gpus import HostGpus
+    from gpuresa.gpus.devices import HostGpus
 
     booked = still_booked(
         journal.reservations.all(ending_after=now), config.daemon.host, journal.states.get, rejected

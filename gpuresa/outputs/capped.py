@@ -23,7 +23,7 @@ an image kept mounted for the retention period would need mounts again after
 each reboot, mount propagation into the output service's container and
 unmounts before every prune. The copy is made before the image goes, so a
 daemon killed at any point leaves the image and the record (see
-`output_area.remember`), and the next maintenance round copies it again.
+`running_area.remember`), and the next maintenance round copies it again.
 An output that cannot be copied out (a damaged image, a full disk) stays in
 its image, which is recorded as an output of its own (`records.image_relative`):
 listed, and removed with its image (`discard_image`) at the end of its
@@ -42,16 +42,16 @@ from pathlib import Path
 from gpuresa.config.sections import Config
 from gpuresa.outputs.copying import copy_tree
 from gpuresa.outputs.disk import free_bytes, gibibytes, measure, mount_of, quota_problem
-from gpuresa.outputs.tree import remove_tree
-from gpuresa.runtime.errors import SessionError
-from gpuresa.runtime.labels import safe_key
-from gpuresa.runtime.output_area import (
+from gpuresa.outputs.running_area import (
     forget,
     in_host_namespace,
     running_path,
     store,
     stored_path,
 )
+from gpuresa.outputs.tree import remove_tree
+from gpuresa.sessions.errors import SessionError
+from gpuresa.sessions.labels import safe_key
 
 log = logging.getLogger(__name__)
 

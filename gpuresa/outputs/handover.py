@@ -2,7 +2,7 @@
 
 Called by `Runtime.finish_stop` once the session's containers are gone (and
 again, harmlessly, for a stop a daemon restart interrupted). A running output
-sits in the root-only running area (`gpuresa.runtime.output_area`); it is
+sits in the root-only running area (`gpuresa.outputs.running_area`); it is
 handed over there (made root's and read-only to the login's group, see
 `gpuresa.outputs.owners`; set-uid/set-gid bits and file capabilities
 cleared, device nodes removed) and only then renamed to its final place.
@@ -35,10 +35,10 @@ from gpuresa.access import AccessError, host_account
 from gpuresa.config.sections import Config
 from gpuresa.model import Session
 from gpuresa.outputs.capped import image_path, release_capped
+from gpuresa.outputs.folder import hand_over
 from gpuresa.outputs.owners import HANDED_UID, output_owner, prepare_login_folder
 from gpuresa.outputs.records import OutputRecords, image_relative
-from gpuresa.runtime.output import hand_over
-from gpuresa.runtime.output_area import (
+from gpuresa.outputs.running_area import (
     AREA_MODE,
     Pending,
     forget,

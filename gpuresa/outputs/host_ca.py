@@ -72,7 +72,7 @@ CA_FOLDER = "host-ca"
 PORT_CA_KEYS = "port-*_ed25519"
 # the single CA of earlier versions, trusted on every port: never made any more (see above)
 LEGACY_CA_KEY = "ca_ed25519"
-# where sessions' host keys are (runtime.session_files, which imports this module's users)
+# where sessions' host keys are (sessions.files)
 SESSION_CERTIFICATES = "sessions/*/host-keys"
 SERVICE_FOLDER = "output-service-keys"
 HOST_KEY = "ssh_host_ed25519_key"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from gpuresa.backends.capabilities import Capabilities, host_capabilities
+from gpuresa.config.capabilities import Capabilities, host_capabilities
 from gpuresa.config.sections import Config
 from gpuresa.errors import UserError
 from gpuresa.mail.notices import SUBJECT_PREFIX

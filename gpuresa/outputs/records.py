@@ -31,7 +31,7 @@ from pathlib import Path
 from gpuresa.access import LOGIN_PATTERN, RESERVED_LOGINS
 from gpuresa.config.sections import StorageConfig
 from gpuresa.outputs.tree import walk
-from gpuresa.runtime.labels import safe_key
+from gpuresa.sessions.labels import safe_key
 
 log = logging.getLogger(__name__)
 

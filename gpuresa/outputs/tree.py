@@ -11,7 +11,7 @@ files, file capabilities, device nodes. The walks here therefore
 - never follow a link: entries are looked at with lstat, changed with
   lchown, and a regular file is opened with O_NOFOLLOW when its mode must go.
 
-They run on folders only root can reach (see `gpuresa.runtime.output_area`).
+They run on folders only root can reach (see `gpuresa.outputs.running_area`).
 An output its user wrote on the host (udocker, Slurm) is moved there first,
 but a process of that user may still hold a folder of it open (its working
 folder) and change it during the walk. `hand_tree` is safe against that too:

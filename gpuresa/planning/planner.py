@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from datetime import datetime, timedelta
 
-from gpuresa.backends.capabilities import host_capabilities
+from gpuresa.config.capabilities import host_capabilities
 from gpuresa.config.sections import Config
 from gpuresa.model import Reservation, Session, SessionSpec, is_ad_hoc
 from gpuresa.planning.actions import (

@@ -13,7 +13,7 @@ Each template is a folder `<directory>/<name>/` with a `template.toml`:
 
 Keys this module does not know are left for others (the image builder adds
 its own); the ones it knows are checked, with the same rules as
-`gpuresa.runtime.templates` (which builds the images, and needs a Dockerfile
+`gpuresa.sessions.templates` (which builds the images, and needs a Dockerfile
 next to the file). Only templates named in `[templates] allowed` exist for
 bookings (fail closed). This module does not import the runtime, so reading
 reservations never loads the Docker SDK.
@@ -35,7 +35,7 @@ from gpuresa.errors import UserError
 log = logging.getLogger(__name__)
 
 TEMPLATE_FILE = "template.toml"
-# the same spellings as gpuresa.runtime.templates, which builds the images
+# the same spellings as gpuresa.sessions.templates, which builds the images
 TEMPLATE_NAME = r"[a-z0-9][a-z0-9_.-]{0,62}"
 VARIANT_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,30}"
 

@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta, tzinfo
 from types import MappingProxyType
 from zoneinfo import ZoneInfo
 
-from gpuresa.backends.capabilities import host_capabilities
+from gpuresa.config.capabilities import host_capabilities
 from gpuresa.config.sections import Config, HostConfig
 from gpuresa.model import Rejection, Reservation, ReservationSet
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import paramiko
 
-from gpuresa.backends.host_keys import fingerprint_in
-from gpuresa.runtime.errors import SessionError
+from gpuresa.sessions.errors import SessionError
+from gpuresa.sessions.host_keys import fingerprint_in
 
 POLL = 0.2
 

@@ -40,7 +40,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from gpuresa.access import AccessError, authorized_keys, check_login, host_account
-from gpuresa.backends.capabilities import SLURM
 from gpuresa.backends.slurm.answering import presented_digest, wait_for_job_sshd
 from gpuresa.backends.slurm.container import JobContainers
 from gpuresa.backends.slurm.gateway import Job, Node, SlurmGateway
@@ -49,11 +48,12 @@ from gpuresa.backends.slurm.jobscript import JobSettings, job_script
 from gpuresa.backends.slurm.placement import node_for
 from gpuresa.backends.slurm.records import Record, Records
 from gpuresa.backends.slurm.reserver import Reserver
+from gpuresa.config.capabilities import SLURM
 from gpuresa.config.sections import Config
 from gpuresa.model import Session, SessionSpec
-from gpuresa.runtime.errors import SessionError
-from gpuresa.runtime.output import output_path
-from gpuresa.runtime.session_files import SessionFacts, SessionFiles
+from gpuresa.outputs.folder import output_path
+from gpuresa.sessions.errors import SessionError
+from gpuresa.sessions.files import SessionFacts, SessionFiles
 
 log = logging.getLogger(__name__)
 

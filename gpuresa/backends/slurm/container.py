@@ -29,7 +29,7 @@ from gpuresa.backends.udocker import tools
 from gpuresa.backends.udocker.images import UdockerImages, container_exists, make_container
 from gpuresa.backends.udocker.run_command import session_run
 from gpuresa.config.sections import Config
-from gpuresa.runtime.errors import SessionError
+from gpuresa.sessions.errors import SessionError
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from gpuresa.runtime.errors import EngineTimeout, RuntimeUnavailable, SessionError
+from gpuresa.sessions.errors import EngineTimeout, RuntimeUnavailable, SessionError
 
 log = logging.getLogger(__name__)
 

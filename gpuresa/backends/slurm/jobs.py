@@ -30,7 +30,7 @@ from pathlib import Path
 
 from gpuresa.backends.slurm.gateway import Job, SlurmGateway
 from gpuresa.backends.slurm.records import Record, Records
-from gpuresa.runtime.errors import SessionError
+from gpuresa.sessions.errors import SessionError
 
 log = logging.getLogger(__name__)
 

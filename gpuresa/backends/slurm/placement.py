@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from gpuresa.backends.slurm.gateway import Node
 from gpuresa.backends.slurm.records import Record
 from gpuresa.model import SessionSpec
-from gpuresa.runtime.errors import SessionError
+from gpuresa.sessions.errors import SessionError
 
 PARTITION = "partition:"
 

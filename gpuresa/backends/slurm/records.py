@@ -20,7 +20,7 @@ from datetime import datetime
 from pathlib import Path
 
 from gpuresa.model import Session, SessionSpec
-from gpuresa.runtime.labels import safe_key
+from gpuresa.sessions.labels import safe_key
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 
 from gpuresa.backends.slurm.gateway import Job, SlurmGateway, slurm_time_text
 from gpuresa.backends.slurm.records import Record
-from gpuresa.runtime.errors import SessionError
+from gpuresa.sessions.errors import SessionError
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ login is root of the session's user namespace, which maps that one id onto the
 login's own host uid. What gpuresa keeps per session (`records`) and the
 cgroup tree are all a restarted daemon needs to adopt it.
 The banner, motd, end, message and login gate are the same host-written files
-as for the engines (`gpuresa.runtime.session_files`), mounted read-only.
+as for the engines (`gpuresa.sessions.files`), mounted read-only.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from gpuresa.access import AccessError, Account, authorized_keys, host_account
-from gpuresa.backends.capabilities import UDOCKER
 from gpuresa.backends.udocker import launch, listening, tools
 from gpuresa.backends.udocker.cgroups import CGROUP_ROOT, SessionCgroup, remove_others
 from gpuresa.backends.udocker.devices import denied_devices, driver_volumes
@@ -31,16 +30,17 @@ from gpuresa.backends.udocker.host import check_host, login_output, session_acco
 from gpuresa.backends.udocker.images import UdockerImages, container_exists, make_container
 from gpuresa.backends.udocker.records import Record, Records, write_file
 from gpuresa.backends.udocker.run_command import session_run
+from gpuresa.config.capabilities import UDOCKER
 from gpuresa.config.sections import Config, HostConfig
+from gpuresa.gpus.devices import HostGpus, host_gpu_access
 from gpuresa.model import Session, SessionSpec
 from gpuresa.outputs.disk import start_refusal
-from gpuresa.runtime.errors import SessionError
-from gpuresa.runtime.gpus import HostGpus, host_gpu_access
-from gpuresa.runtime.labels import MAIN_ROLE, safe_key, utc_text
-from gpuresa.runtime.limits import SessionLimits, local_totals, session_limits
-from gpuresa.runtime.records import EndRecords
-from gpuresa.runtime.session_files import SessionFacts, SessionFiles, end_text, session_facts
-from gpuresa.runtime.specs import check_spec, new_spec
+from gpuresa.sessions.errors import SessionError
+from gpuresa.sessions.files import SessionFacts, SessionFiles, end_text, session_facts
+from gpuresa.sessions.labels import MAIN_ROLE, safe_key, utc_text
+from gpuresa.sessions.limits import SessionLimits, local_totals, session_limits
+from gpuresa.sessions.records import EndRecords
+from gpuresa.sessions.specs import check_spec, new_spec
 
 log = logging.getLogger(__name__)
 

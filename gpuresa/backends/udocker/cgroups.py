@@ -20,8 +20,8 @@ import time
 from collections.abc import Collection, Iterable
 from pathlib import Path
 
-from gpuresa.runtime.errors import SessionError
-from gpuresa.runtime.limits import SessionLimits
+from gpuresa.sessions.errors import SessionError
+from gpuresa.sessions.limits import SessionLimits
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class SessionCgroup:
 
     def create(self, limits: SessionLimits, pids: int) -> None:
         """Make the folders (root's, mode 0755) and write the session's `limits` (its share of
-        the host, `gpuresa.runtime.limits`) and `pids`; raises `SessionError`.
+        the host, `gpuresa.sessions.limits`) and `pids`; raises `SessionError`.
 
         Memory and memory plus swap get the same limit, as on the engines: a session
         cannot page out past it; CPUs are a CFS quota per period.

@@ -17,9 +17,9 @@ from pathlib import Path
 from gpuresa.access import LOWEST_HOST_UID, AccessError, Account, host_account
 from gpuresa.config.sections import Config
 from gpuresa.model import SessionSpec
+from gpuresa.outputs.folder import OUTPUT_MODE, output_path
 from gpuresa.outputs.owners import output_owner, prepare_login_folder
-from gpuresa.runtime.errors import SessionError
-from gpuresa.runtime.output import OUTPUT_MODE, output_path
+from gpuresa.sessions.errors import SessionError
 
 
 def check_host(config: Config, root: Path, cgroup_root: Path) -> None:

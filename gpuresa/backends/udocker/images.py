@@ -15,14 +15,14 @@ import os
 from pathlib import Path
 
 from gpuresa.access import Account
+from gpuresa.backends.engines.engine import Engine
+from gpuresa.backends.engines.engines import engine_kind
+from gpuresa.backends.engines.images import Images
 from gpuresa.backends.udocker import tools
 from gpuresa.config.sections import Config
-from gpuresa.runtime.engine import Engine
-from gpuresa.runtime.engines import engine_kind
-from gpuresa.runtime.errors import ImageMissing, SessionError
-from gpuresa.runtime.images import Images
-from gpuresa.runtime.labels import safe_key
-from gpuresa.runtime.templates import resolve_template
+from gpuresa.sessions.errors import ImageMissing, SessionError
+from gpuresa.sessions.labels import safe_key
+from gpuresa.sessions.templates import resolve_template
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from gpuresa.access import Account
 from gpuresa.backends.udocker.cgroups import SessionCgroup
 from gpuresa.backends.udocker.tools import SCRIPTS, as_user
-from gpuresa.runtime.errors import SessionError
+from gpuresa.sessions.errors import SessionError
 
 POLL = 0.05
 

@@ -24,7 +24,7 @@ from gpuresa.backends.udocker import launch
 from gpuresa.backends.udocker.cgroups import SessionCgroup
 from gpuresa.backends.udocker.records import Record, write_file
 from gpuresa.backends.udocker.tools import SCRIPTS
-from gpuresa.runtime.errors import SessionError
+from gpuresa.sessions.errors import SessionError
 
 LISTENER = SCRIPTS / "listener.py"
 # what the listener names itself (/proc/PID/comm), and the file its pid is kept in

@@ -25,10 +25,10 @@ from datetime import datetime
 from pathlib import Path
 
 from gpuresa.access import Account
-from gpuresa.backends.host_keys import fingerprint_in, fingerprint_of
 from gpuresa.model import Session, SessionSpec
-from gpuresa.runtime.errors import SessionError
-from gpuresa.runtime.labels import parse_instant, safe_key, utc_text
+from gpuresa.sessions.errors import SessionError
+from gpuresa.sessions.host_keys import fingerprint_in, fingerprint_of
+from gpuresa.sessions.labels import parse_instant, safe_key, utc_text
 
 HOST_KEY = "ssh_host_ed25519_key"
 # the sessions' folder and each session's (see the module): its logs (the login's

@@ -17,8 +17,8 @@ from pathlib import Path, PurePosixPath
 from gpuresa.access import Account
 from gpuresa.backends.udocker import tools
 from gpuresa.config.sections import Config
-from gpuresa.runtime.labels import SESSION_FILES_TARGET
-from gpuresa.runtime.templates import resolve_template
+from gpuresa.sessions.labels import SESSION_FILES_TARGET
+from gpuresa.sessions.templates import resolve_template
 
 # where gpuresa's scripts are in every session's container
 SCRIPTS_TARGET = PurePosixPath("/opt/gpuresa-udocker")

@@ -21,7 +21,7 @@ import udocker
 
 from gpuresa.access import Account
 from gpuresa.config.sections import Config
-from gpuresa.runtime.errors import EngineTimeout, SessionError
+from gpuresa.sessions.errors import EngineTimeout, SessionError
 
 log = logging.getLogger(__name__)
 
