@@ -82,6 +82,9 @@ class Reservation:
     href: str = ""
     # where a scheduler runs it: a node, "partition:<name>" or "" (see SessionSpec.place)
     place: str = ""
+    # runs only on GPUs no firm booking needs, and gives them up when one does
+    # (`gpuresa.planning.preemption`)
+    preemptible: bool = False
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,8 @@ class SessionSpec:
     # where a scheduler runs it: a node, "partition:<name>" or "" (any; engines ignore it);
     # a session's: the node the scheduler chose ("" for an engine's session)
     place: str = ""
+    # started as a preemptible booking's: it stays one, whatever its booking says later
+    preemptible: bool = False
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import signal
 import subprocess
 import time
 import uuid
@@ -22,6 +23,7 @@ import paramiko
 import pytest
 from conftest import _harness
 from slurm_site import SlurmSite, slurm_site
+from support.waiting import wait_for
 from test_runtime import Site, built_fixture, make_site, run, ssh_login  # noqa: F401
 
 from gpuresa.backends.engines import Runtime
@@ -222,6 +224,50 @@ def test_stop_gives_the_grace_then_removes_and_keeps_the_output(contract: Contra
     # idempotent: stopping or killing what is gone does nothing
     contract.backend.stop(spec.key, timedelta(seconds=1))
     contract.backend.kill(spec.key)
+
+
+def text_in_session(contract: Contract, session: Session, path: str) -> str | None:
+    """The text of file `path` in the session ("" when there is none), read through a login;
+    None when the login was cut (a signal sent meanwhile reaches its sshd too, and may reach
+    it late: on Slurm the job script passes it on)."""
+    try:
+        return login_user(contract, session, f"cat {path} 2>/dev/null; true")
+    except (paramiko.SSHException, EOFError, OSError):
+        return None
+
+
+def test_signal_reaches_the_users_processes_and_ends_nothing_of_the_session(
+    contract: Contract,
+) -> None:
+    spec = contract.spec()
+    session = contract.backend.start(spec)
+    # a checkpointing script: it catches SIGUSR1 and says so; the login returns once its trap
+    # is set (the output folder: the session's own on every backend)
+    ready, signalled = f"{contract.output}/ready.txt", f"{contract.output}/signalled.txt"
+    script = f'trap "echo got > {signalled}" USR1; echo > {ready}; while :; do sleep 0.2; done'
+    # and a job that does not catch it, which the default action of SIGUSR1 would end
+    bystander = f"{contract.output}/bystander.pid"
+    login_user(
+        contract,
+        session,
+        f"nohup sh -c '{script}' >/dev/null 2>&1 & nohup sleep 600 >/dev/null 2>&1 & "
+        f"echo $! > {bystander}; while [ ! -e {ready} ]; do sleep 0.1; done",
+    )
+    assert contract.backend.signal(spec.key, signal.SIGUSR1) > 0
+    wait_for(
+        lambda: text_in_session(contract, session, signalled) == "got\n",
+        30,
+        "the script to catch SIGUSR1",
+        every=0.5,
+    )
+    # nothing of the session's own went with it: it lists as running and lets its user in
+    listed = {item.key: item for item in contract.make().list_sessions()}
+    assert listed[spec.key].state == "running"
+    assert login_user(contract, session, "echo up").strip() == "up"
+    # the warning went only to what catches it: the job without a handler runs on
+    alive = login_user(contract, session, f"kill -0 $(cat {bystander}) && echo alive")
+    assert alive.strip() == "alive"
+    assert contract.backend.signal(f"no-such-{spec.key}", signal.SIGUSR1) == 0
 
 
 def test_kill_ends_at_once(contract: Contract) -> None:

@@ -1,5 +1,6 @@
 """What gpuresa holds in the host's kernel: one area mount however many prepare it, and
-nothing left when no session needs it (`outputs.running_area`, `backends.engines.host_holds`, `gpuresa host release`).
+nothing left when no session needs it (`outputs.running_area`, `backends.engines.host_holds`,
+`gpuresa host release`).
 
 Real mounts, loop devices, Docker sessions and daemons; each test removes what it made.
 """

@@ -25,7 +25,8 @@ from gpuresa.planning.actions import (
     Warn,
 )
 from gpuresa.planning.facts import Inventory, Memory
-from gpuresa.planning.planner import plan, wakeups
+from gpuresa.planning.planner import plan
+from gpuresa.planning.wakeups import wakeups
 
 T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 MINUTE = timedelta(minutes=1)

@@ -64,6 +64,12 @@ class DaemonConfig:
     )
     docker_retry_max: timedelta = Field(timedelta(minutes=1), check=positive_duration)
     journal_retention: timedelta = Field(timedelta(days=180), check=_at_least_a_day)
+    # a preemptible session is told this long before it must give its GPUs up (in the
+    # session, by e-mail, and with `preempt_signal` to its processes, for a checkpoint)
+    preempt_notice: timedelta = Field(timedelta(minutes=10), check=positive_duration)
+    preempt_signal: Literal["SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP", "SIGTERM"] = "SIGUSR1"
+    # and starts only where it can run this long (or its whole booking)
+    preempt_minimum: timedelta = Field(timedelta(minutes=15), check=positive_duration)
 
 
 @dataclass(frozen=True)
@@ -97,6 +103,8 @@ class CalendarConfig:
     default_template: str | None = None
     default_cuda: str | None = None
     default_gpus: int = Field(1, check=at_least(1))
+    # every booking of this calendar is preemptible (an "idle GPUs" calendar)
+    preemptible: bool = False
     # kind "grr" only (GRR's MySQL/MariaDB database; see gpuresa.reservations.sources.grr)
     unix_socket: Path | None = None
     table_prefix: str = Field("grr_", check=matches(r"[A-Za-z0-9_]{0,32}", "letters, digits, '_'"))

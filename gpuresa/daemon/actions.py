@@ -22,6 +22,7 @@ from gpuresa.planning.actions import (
     Fail,
     NotifyCancel,
     NotifyChange,
+    NotifyPreempt,
     Prepare,
     Recreate,
     Start,
@@ -150,6 +151,14 @@ KINDS: dict[type[Action], ActionKind[Any]] = {
         effect=lambda action, call: call.work.warn(action, call.session, call.now),
         noted=lambda action, remembered, context, now: remembered.warned(
             action.key, action.before, context.config, context.journal, now
+        ),
+    ),
+    NotifyPreempt: ActionKind[NotifyPreempt](
+        lane=NOTICE,
+        deadline=_notice_deadline,
+        effect=lambda action, call: call.work.notify_preempt(action, call.session, call.now),
+        noted=lambda action, remembered, context, now: remembered.preempt_noticed(
+            action.key, context.journal, now
         ),
     ),
     NotifyCancel: ActionKind[NotifyCancel](

@@ -21,6 +21,8 @@ from gpuresa.model import Reservation, Session, SessionSpec
 from gpuresa.planning.actions import Stop
 from gpuresa.planning.facts import Memory
 
+# The journal's note of a preemptible session told it must stop (`preempt-notified:<key>`).
+PREEMPT_NOTIFIED = "preempt-notified:"
 # A failed start or stop is retried after these delays (then every last one).
 RETRY_DELAYS = (timedelta(seconds=15), timedelta(seconds=60), timedelta(minutes=5))
 
@@ -40,6 +42,8 @@ class Remembered:
     finishing: dict[str, tuple[int, datetime]] = field(default_factory=dict)
     # (key, ssh port, FTP password) of start notices already handed to the outbox
     start_noticed: set[tuple[str, int, str]] = field(default_factory=set)
+    # preemptible sessions told they must give their GPUs up
+    preempt_notified: set[str] = field(default_factory=set)
 
     @classmethod
     def load(cls, journal: Journal) -> Remembered:
@@ -53,6 +57,7 @@ class Remembered:
             if seconds.isdigit() and key:
                 remembered.warnings_sent.add((key, int(seconds)))
         remembered.cancel_notified.update(journal.facts.with_prefix("cancel-notified:"))
+        remembered.preempt_notified.update(journal.facts.with_prefix(PREEMPT_NOTIFIED))
         return remembered
 
     def memory(
@@ -97,6 +102,10 @@ class Remembered:
         for key in self.cancel_notified - present - busy - wanted:
             self.cancel_notified.discard(key)
             journal.facts.delete(f"cancel-notified:{key}")
+        for key in self.preempt_notified - present - busy:
+            self.preempt_notified.discard(key)
+            journal.facts.delete(PREEMPT_NOTIFIED + key)
+        states = journal.states.all()
         specs: dict[str, SessionSpec | None] = {
             key: entry.payload if isinstance(entry.payload, SessionSpec) else None
             for key, entry in in_flight.items()
@@ -106,7 +115,7 @@ class Remembered:
         )
         return Memory(
             missing_since=dict(self.missing_since),
-            known=frozenset(journal.states.all()) | frozenset(wanted),
+            known=frozenset(states) | frozenset(wanted),
             warnings_sent=frozenset(self.warnings_sent),
             cancel_notified=frozenset(self.cancel_notified),
             retry_after=dict(self.retry_after),
@@ -114,6 +123,8 @@ class Remembered:
             stopping=stopping,
             refused_ports=frozenset(self.refused_ports),
             changes_notified=frozenset(self.changes_notified),
+            preempt_notified=frozenset(self.preempt_notified),
+            preempted=frozenset(key for key, state in states.items() if state == "preempted"),
         )
 
     # --- what the loop records as it dispatches -------------------------------------------
@@ -136,6 +147,10 @@ class Remembered:
             if sent_key == key and end - timedelta(seconds=seconds) > now:
                 self.warnings_sent.discard((sent_key, seconds))
                 journal.facts.delete(f"warned:{seconds}:{key}")
+
+    def preempt_noticed(self, key: str, journal: Journal, now: datetime) -> None:
+        self.preempt_notified.add(key)
+        journal.facts.set(PREEMPT_NOTIFIED + key, now.isoformat())
 
     def cancel_noticed(self, key: str, journal: Journal, now: datetime) -> None:
         self.cancel_notified.add(key)

@@ -26,6 +26,7 @@ from gpuresa.mail.notices import (
     warning_message,
 )
 from gpuresa.mail.outbox import Outbox
+from gpuresa.mail.preemption import preempt_message, preempted_end_line, preemptible_lines
 from gpuresa.mail.smtp import Notifier
 from gpuresa.mail.wording import one_line
 from gpuresa.model import Rejection, Session
@@ -98,11 +99,17 @@ class Notices:
 
     def _start_details(self, session: Session) -> str:
         """Host keys and the output service for the start notice; none if unreadable."""
+        daemon = self.config.daemon
+        preemption = (
+            preemptible_lines(daemon.preempt_notice, daemon.preempt_signal)
+            if session.preemptible
+            else ""
+        )
         try:
-            return start_details(self.config, session, self._public_host())
+            return preemption + start_details(self.config, session, self._public_host())
         except OSError as error:
             log.error("%s: host keys left out of the start notice: %s", session.key, error)
-            return ""
+            return preemption
 
     def output_notice(
         self, key: str, kind: str, user: str, email: str | None, message: tuple[str, str]
@@ -110,10 +117,18 @@ class Notices:
         """A notice about outputs (removal, a full disk), once per (key, kind)."""
         return self._to_user(key, kind, user, email, message)
 
-    def end(self, session: Session) -> None:
+    def end(self, session: Session, preempted_at: datetime | None = None) -> None:
+        """The end notice; `preempted_at`: when a preemptible session was stopped early."""
         details = end_details(self.config, session, self._public_host(), datetime.now(UTC))
+        if preempted_at is not None:
+            details = preempted_end_line(preempted_at, self._timezone) + details
         message = end_message(session, session.output_dir, self._timezone, details=details)
         self._to_user(session.key, "end", session.user, session.email, message)
+
+    def preempted(self, session: Session, stop_at: datetime, signal_name: str) -> None:
+        """A preemptible session must give its GPUs up at `stop_at`."""
+        message = preempt_message(session, stop_at, signal_name, self._timezone)
+        self._to_user(session.key, "preempt", session.user, session.email, message)
 
     def cancelled(self, session: Session, stop_at: datetime) -> None:
         message = cancel_message(session, stop_at, self._timezone)

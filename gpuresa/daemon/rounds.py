@@ -22,7 +22,8 @@ from gpuresa.daemon.tools import Tools
 from gpuresa.daemon.work import UNWINDING, Done, Started
 from gpuresa.model import Session
 from gpuresa.planning.actions import Action, Stop
-from gpuresa.planning.planner import plan, wakeups
+from gpuresa.planning.planner import plan
+from gpuresa.planning.wakeups import wakeups
 from gpuresa.sessions.errors import ImageMissing, PortRefused, RuntimeUnavailable
 
 log = logging.getLogger(__name__)

@@ -7,9 +7,10 @@ outlive reloads.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime, timedelta
 
 from gpuresa.backends.engines.output_service import OutputService
 from gpuresa.backends.factory import open_backend
@@ -20,7 +21,7 @@ from gpuresa.daemon.work import Work
 from gpuresa.journal.store import Journal
 from gpuresa.mail.outbox import Outbox
 from gpuresa.mail.smtp import Notifier
-from gpuresa.model import Rejection
+from gpuresa.model import Rejection, Reservation
 from gpuresa.reservations.calendars import CalendarReport, Calendars
 from gpuresa.reservations.claims import Claims
 from gpuresa.sessions.protocol import SessionBackend
@@ -29,6 +30,8 @@ log = logging.getLogger(__name__)
 
 # Journal states of bookings that have (or had) their session, which keep their slot.
 HELD_STATES = frozenset({"preparing", "running", "warned", "stopping", "ended"})
+# The journal's note of a booking seen preemptible (`preemptible:<key>`: when first seen).
+PREEMPTIBLE_FACT = "preemptible:"
 
 
 def utc_now() -> datetime:
@@ -88,11 +91,13 @@ class Context:
         granted.update(holding)
         granted_gpus = {row.key: row.gpus for row in rows}
         granted_gpus.update(holding_gpus or {})
+        preemptible = journal.facts.with_prefix(PREEMPTIBLE_FACT)
         claims = Claims(
             granted=granted,
             granted_gpus=granted_gpus,
             ended=journal.reservations.ended_times(),
             origins=journal.reservations.origins(),
+            preemptible=frozenset(preemptible),
         )
         report = self.calendars.poll(
             now,
@@ -101,6 +106,7 @@ class Context:
             claims=claims,
         )
         found = report.reservations
+        _remember_preemptible(journal, found.reservations, preemptible, now, now - recent)
         new_rejections = self.journal.reservations.record(found.reservations, found.rejected, now)
         for reservation in found.reservations:
             if reservation.host == host and self.journal.states.get(reservation.key) in (
@@ -128,3 +134,20 @@ class Context:
             return
         log.warning("%s: rejected: %s", rejection.key, rejection.reason)
         self.notices.rejected(rejection)
+
+
+def _remember_preemptible(
+    journal: Journal,
+    reservations: Iterable[Reservation],
+    known: Mapping[str, str],
+    now: datetime,
+    kept_for: timedelta,
+) -> None:
+    """Note each booking seen preemptible, which stays so; forget those long gone."""
+    seen = {reservation.key for reservation in reservations if reservation.preemptible}
+    for key in seen - set(known):
+        journal.facts.set(PREEMPTIBLE_FACT + key, now.isoformat())
+    for key, since in known.items():
+        with contextlib.suppress(ValueError):
+            if key not in seen and now - datetime.fromisoformat(since) > kept_for:
+                journal.facts.delete(PREEMPTIBLE_FACT + key)

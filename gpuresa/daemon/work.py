@@ -9,6 +9,7 @@ as the others for other sessions.
 from __future__ import annotations
 
 import logging
+import signal
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -17,12 +18,14 @@ from gpuresa.daemon.notices import Notices
 from gpuresa.daemon.records import session_from_record, session_record
 from gpuresa.journal.store import Journal
 from gpuresa.mail.notices import wall_text
+from gpuresa.mail.preemption import preempt_wall_text
 from gpuresa.model import Session, SessionSpec
 from gpuresa.planning.actions import (
     Extend,
     Fail,
     NotifyCancel,
     NotifyChange,
+    NotifyPreempt,
     Prepare,
     Recreate,
     Start,
@@ -34,6 +37,8 @@ from gpuresa.sessions.protocol import SessionBackend
 
 log = logging.getLogger(__name__)
 
+# Stops whose user is told the session ended, even when a restart interrupts them.
+ENDS_TOLD = ("ended", "cancelled", "reassigned", "preempted")
 # The journal meta of a stop under way, with its reason (see `Work.finish_unwinding`).
 UNWINDING = "unwinding:"
 
@@ -46,6 +51,8 @@ FINAL_STATE = {
     "replan": "booked",
     # the booking now names another login: the new user's session starts later
     "reassigned": "booked",
+    # a preemptible session that gave its GPUs to a firm booking: done, output kept
+    "preempted": "preempted",
 }
 
 
@@ -117,7 +124,7 @@ class Work:
         # removes what is left (the network, the session's files): see `finish_unwinding`
         self.journal.facts.set(f"{UNWINDING}{key}", action.reason)
         told = session is not None and session.state != "created"
-        if told and session is not None and action.reason in ("ended", "cancelled", "reassigned"):
+        if told and session is not None and action.reason in ENDS_TOLD:
             # what the end notice needs, should a restart interrupt this stop
             self.journal.facts.set(f"stopping:{key}", session_record(session, action.reason))
         self.runtime.stop(key, action.grace)
@@ -126,6 +133,8 @@ class Work:
         if session is not None and told and action.reason != "orphan":
             if action.reason == "reassigned":
                 self.notices.reassigned(session, new_user or "another login")
+            elif action.reason == "preempted":
+                self.notices.end(session, preempted_at=now)
             elif action.reason != "replan":
                 self.notices.end(session)
         self.journal.facts.delete(f"stopping:{key}")
@@ -167,10 +176,10 @@ class Work:
         log.info("%s: finishing a stop that a restart interrupted", key)
         self.runtime.kill(key)  # the network and files a stop cut short leaves
         self.runtime.finish_stop(session)
-        final = "cancelled" if reason == "cancelled" else "ended"
+        final = reason if reason in ("cancelled", "preempted") else "ended"
         self.journal.states.set(key, final, now, f"{reason} (finished after a restart)")
         if reason != "reassigned":
-            self.notices.end(session)
+            self.notices.end(session, preempted_at=now if reason == "preempted" else None)
         self.journal.facts.delete(f"stopping:{key}")
         self.journal.facts.delete(f"{UNWINDING}{key}")
         return Done()
@@ -189,6 +198,21 @@ class Work:
         timezone = self.config.reservations.timezone
         self.notices.warning(session, action.before, action.end, now)
         self.runtime.message(action.key, wall_text(action.end - now, action.end, timezone))
+        return Done()
+
+    def notify_preempt(self, action: NotifyPreempt, session: Session | None, now: datetime) -> Done:
+        """A preemptible session must give its GPUs up at `stop_at`: told in the session (best
+        effort), by e-mail, and with the site's signal to its processes (for a checkpoint)."""
+        if session is None:
+            return Done()
+        timezone = self.config.reservations.timezone
+        daemon = self.config.daemon
+        self.notices.preempted(session, action.stop_at, daemon.preempt_signal)
+        self.runtime.message(
+            action.key, preempt_wall_text(action.stop_at - now, action.stop_at, timezone)
+        )
+        sent = self.runtime.signal(action.key, signal.Signals[daemon.preempt_signal])
+        log.info("%s: %s sent to %d process(es)", action.key, daemon.preempt_signal, sent)
         return Done()
 
     def notify_cancel(self, action: NotifyCancel, session: Session | None, now: datetime) -> Done:

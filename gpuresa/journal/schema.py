@@ -9,7 +9,8 @@ from __future__ import annotations
 
 # The reservation lifecycle: booked → preparing → running → warned → stopping
 # → ended, with the side exits rejected, cancelled and failed; "removed" ends
-# an orphan (a gpuresa container that no reservation explains).
+# an orphan (a gpuresa container that no reservation explains); "preempted"
+# ends a preemptible session that gave its GPUs to a firm booking.
 STATES = (
     "booked",
     "preparing",
@@ -21,9 +22,10 @@ STATES = (
     "cancelled",
     "failed",
     "removed",
+    "preempted",
 )
 # States after which nothing more happens to a reservation.
-FINAL_STATES = frozenset({"ended", "rejected", "cancelled", "failed", "removed"})
+FINAL_STATES = frozenset({"ended", "rejected", "cancelled", "failed", "removed", "preempted"})
 RESULTS = ("ok", "failed")
 
 # Each migration is a list of statements run in one transaction; migration N

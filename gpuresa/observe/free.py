@@ -28,7 +28,7 @@ from gpuresa.planning.free_gpus import (
 )
 
 # journal states of a booking whose GPUs the planner no longer gives it
-_NOT_HOLDING = frozenset({"rejected", "cancelled", "ended", "removed"})
+_NOT_HOLDING = frozenset({"rejected", "cancelled", "ended", "removed", "preempted"})
 
 
 @dataclass(frozen=True)

@@ -106,6 +106,18 @@ class Warn(Action):
 
 
 @dataclass(frozen=True)
+class NotifyPreempt(Action):
+    """Tell a preemptible session it must give its GPUs up at `stop_at`: in the session,
+    by e-mail, and with a signal to its processes."""
+
+    stop_at: datetime = datetime.min
+    order = 75
+
+    def describe(self) -> str:
+        return f"tell {self.key} it is preempted at {self.stop_at.isoformat()}"
+
+
+@dataclass(frozen=True)
 class NotifyCancel(Action):
     """Tell the user their booking is gone and when the session will stop."""
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from gpuresa.config.sections import HostConfig
+from gpuresa.config.sections import Config, HostConfig
 from gpuresa.model import SessionSpec
 
 
@@ -43,7 +43,10 @@ class Memory:
     refused_ports: ports the engine refused lately (another program listens
         there), skipped when ports are chosen;
     changes_notified: (key, change) pairs whose user was already told that a
-        running session keeps what it started with.
+        running session keeps what it started with;
+    preempt_notified: keys of preemptible sessions already told they must stop;
+    preempted: keys whose preemptible session was stopped for a firm booking:
+        done, not started again.
     """
 
     missing_since: Mapping[str, datetime] = field(default_factory=dict)
@@ -55,3 +58,17 @@ class Memory:
     stopping: frozenset[str] = frozenset()
     refused_ports: frozenset[int] = frozenset()
     changes_notified: frozenset[tuple[str, str]] = frozenset()
+    preempt_notified: frozenset[str] = frozenset()
+    preempted: frozenset[str] = frozenset()
+
+    def missing_deadline(self, key: str, now: datetime, config: Config) -> datetime:
+        """When a session whose reservation is gone must stop (after its grace)."""
+        since = self.missing_since.get(key, now)
+        if key in self.known:
+            return since + config.daemon.cancel_grace
+        return since + config.daemon.orphan_grace
+
+    def may_try(self, key: str, now: datetime) -> bool:
+        """Whether a start or prepare of `key` may be tried (no back-off under way)."""
+        retry_after = self.retry_after.get(key)
+        return retry_after is None or now >= retry_after

@@ -6,7 +6,9 @@ user what a walk-in booking can get. GPUs go to bookings as the planner gives
 them: sessions keep the indices they hold, and bookings without a session get
 theirs from `allocate_gpus`, earliest first, as `plan()` does when it prepares
 them. On a host whose scheduler places GPUs itself (Slurm) the planner books a
-count, not indices, so what is free is a count over time.
+count, not indices, so what is free is a count over time. A preemptible
+session holds nothing a booking wants (it gives way, see
+`gpuresa.planning.preemption`): its GPU shows free, with who gives way.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class Hold:
     start: datetime
     end: datetime
     count: int = 1
+    preemptible: bool = False
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,8 @@ class GpuFree:
     `holder`: the session or booking holding it now (None: free now);
     `free_from`: when the free interval starts (now, or when the holds that
     follow one another without a gap end); `free_until`: when it ends (None:
-    free until further notice), and `ended_by` the booking that ends it.
+    free until further notice), and `ended_by` the booking that ends it;
+    `yielding`: a preemptible session on it now, which gives way to a booking.
     """
 
     index: int
@@ -49,6 +53,7 @@ class GpuFree:
     free_from: datetime
     free_until: datetime | None
     ended_by: Hold | None
+    yielding: Hold | None = None
 
 
 @dataclass(frozen=True)
@@ -78,8 +83,11 @@ def gpu_holds(
     wanted = {reservation.key: reservation for reservation in reservations}
     holdings: list[Holding] = []
     users: dict[str, str] = {}
+    soft: set[str] = set()
     for session in sessions:
         reservation = wanted.get(session.key)
+        if session.preemptible or (reservation is not None and reservation.preemptible):
+            soft.add(session.key)
         start, end = session.start, session.end
         if reservation is not None:
             end = reservation.end
@@ -89,17 +97,20 @@ def gpu_holds(
         holdings.append(Holding(session.key, session.gpu_indices, _NO_PORTS, start, end))
         users[session.key] = session.user
     held = {holding.key for holding in holdings}
+    firm = [holding for holding in holdings if holding.key not in soft]
     for reservation in sorted(wanted.values(), key=lambda item: (item.start, item.key)):
         if reservation.key in held or reservation.end <= now or reservation.gpus <= 0:
             continue
+        if reservation.preemptible:
+            continue  # it runs only where nothing else is wanted: it holds nothing
         chosen = allocate_gpus(
-            host_gpus, reservation.gpus, reservation.start, reservation.end, holdings
+            host_gpus, reservation.gpus, reservation.start, reservation.end, firm
         )
         if chosen is None:
             continue
-        holdings.append(
-            Holding(reservation.key, chosen, _NO_PORTS, reservation.start, reservation.end)
-        )
+        holding = Holding(reservation.key, chosen, _NO_PORTS, reservation.start, reservation.end)
+        holdings.append(holding)
+        firm.append(holding)
         users[reservation.key] = reservation.user
     holds: dict[int, list[Hold]] = {index: [] for index in host_gpus}
     for holding in holdings:
@@ -108,7 +119,13 @@ def gpu_holds(
         for index in holding.gpus:
             if index in holds:
                 holds[index].append(
-                    Hold(holding.key, users[holding.key], holding.start, holding.end)
+                    Hold(
+                        holding.key,
+                        users[holding.key],
+                        holding.start,
+                        holding.end,
+                        preemptible=holding.key in soft,
+                    )
                 )
     return {
         index: sorted(items, key=lambda hold: (hold.start, hold.key))
@@ -124,7 +141,9 @@ def free_gpus(
 ) -> list[GpuFree]:
     """Per GPU of `host_gpus` (by index), its holder now and its next free interval."""
     result = []
-    for index, holds in sorted(gpu_holds(reservations, sessions, host_gpus, now).items()):
+    for index, every in sorted(gpu_holds(reservations, sessions, host_gpus, now).items()):
+        yielding = next((hold for hold in every if hold.preemptible and hold.start <= now), None)
+        holds = [hold for hold in every if not hold.preemptible]
         holder = next((hold for hold in holds if hold.start <= now < hold.end), None)
         free_from = now
         # holds that follow one another without a gap keep the GPU busy
@@ -134,7 +153,14 @@ def free_gpus(
             covering = next((hold for hold in holds if hold.start <= free_from < hold.end), None)
         ended_by = next((hold for hold in holds if hold.start > free_from), None)
         result.append(
-            GpuFree(index, holder, free_from, ended_by.start if ended_by else None, ended_by)
+            GpuFree(
+                index,
+                holder,
+                free_from,
+                ended_by.start if ended_by else None,
+                ended_by,
+                yielding if holder is None else None,
+            )
         )
     return result
 
@@ -192,7 +218,10 @@ def describe_gpu(item: GpuFree, zone: tzinfo) -> str:
         owner = f" ({item.ended_by.user}'s booking)" if item.ended_by else ""
         until = f"until {site_time(item.free_until, zone)}{owner}"
     if item.holder is None:
-        return f"free {until}" if item.free_until is None else f"free now, {until}"
+        line = f"free {until}" if item.free_until is None else f"free now, {until}"
+        if item.yielding is not None:
+            line += f" ({item.yielding.user}'s preemptible session there gives way)"
+        return line
     busy = f"busy ({item.holder.user}, until {site_time(item.holder.end, zone)})"
     if item.free_from != item.holder.end:
         # bookings follow the holder's without a gap

@@ -34,6 +34,13 @@ from gpuresa.planning.allocation import (
     allocate_ports,
 )
 from gpuresa.planning.facts import Inventory, Memory
+from gpuresa.planning.preemption import (
+    NO_PORTS,
+    Soft,
+    give_way,
+    place_preemptible,
+    project_firm,
+)
 
 
 def plan(
@@ -61,12 +68,15 @@ def plan(
     existing = {session.key: session for session in sessions}
     actions: list[Action] = []
 
+    # firm sessions' GPUs; preemptible ones' (over their whole bookings) apart: they give way
     holdings: list[Holding] = []
+    soft: Soft = Soft(_preempts(inventory))
     taken_ports: list[Ports] = [Ports(port, port, port, port) for port in memory.refused_ports]
     # what actions under way are taking (their containers may not be in Docker yet)
     for key, spec in memory.in_flight.items():
         if spec is not None and key not in existing:
-            holdings.append(Holding(key, spec.gpu_indices, _ports_of(spec), spec.start, spec.end))
+            held = Holding(key, spec.gpu_indices, _ports_of(spec), spec.start, spec.end)
+            soft.held.append(held) if soft.on and spec.preemptible else holdings.append(held)
             taken_ports.append(_ports_of(spec))
     # prepared sessions whose booking changed under them: removed and prepared anew
     replanned: set[str] = set()
@@ -76,12 +86,17 @@ def plan(
         reservation = wanted.get(key)
         # ports stay bound until the containers are gone, whatever happens this round
         taken_ports.append(_ports_of(session))
+        preemptible = soft.on and (
+            session.preemptible or bool(reservation and reservation.preemptible)
+        )
+        # what the session holds goes with the firm ones, or apart when it gives way
+        held_by = soft.held if preemptible else holdings
         if key in memory.in_flight:
             # one action at a time per session: its GPUs stay held until it is done,
             # unless it is being stopped
             if key not in memory.stopping:
                 end = max(session.end, reservation.end) if reservation else session.end
-                holdings.append(
+                held_by.append(
                     Holding(key, session.gpu_indices, _ports_of(session), session.start, end)
                 )
             continue
@@ -93,18 +108,20 @@ def plan(
             # a missing booking keeps its GPUs only until its grace period ends
             end = session.end
             if not is_ad_hoc(key):
-                end = min(end, _missing_deadline(session, now, config, memory))
-            holdings.append(
+                end = min(end, memory.missing_deadline(session.key, now, config))
+            held_by.append(
                 Holding(key, session.gpu_indices, _ports_of(session), session.start, end)
             )
             actions.extend(_missing_notices(session, now, config, memory))
             continue
         if session.state == "created":
-            prepared.append((session, reservation))
+            (soft.prepared if preemptible else prepared).append((session, reservation))
             continue
-        holdings.append(
+        held_by.append(
             Holding(key, session.gpu_indices, _ports_of(session), session.start, reservation.end)
         )
+        if preemptible:
+            soft.running.append(key)
         if reservation.user != session.user:
             # the booking was given to someone else: the old user's session ends
             # (with a notice), and the new user's starts in a later round
@@ -119,7 +136,7 @@ def plan(
             )
         spec = _spec_from_session(session, reservation)
         if session.state == "stopped" and now >= reservation.start:
-            if _may_try(key, now, memory):
+            if memory.may_try(key, now):
                 actions.append(Recreate(key, spec=spec))
         elif session.state == "running":
             warning = _due_warning(key, reservation.end, now, daemon.warnings, memory)
@@ -140,30 +157,60 @@ def plan(
         )
         if reservation.end != session.end:
             actions.append(Extend(key, end=reservation.end))
-        if now >= reservation.start and _may_try(key, now, memory):
+        if now >= reservation.start and memory.may_try(key, now):
             actions.append(Start(key, spec=_spec_from_session(session, reservation)))
 
+    upcoming = [
+        reservation
+        for reservation in wanted.values()
+        if (reservation.key not in existing or reservation.key in replanned)
+        and reservation.key not in memory.in_flight
+        and reservation.key not in memory.preempted
+        and now < reservation.end
+    ]
+    projected: dict[str, Holding] = {}
+    if soft.on and (soft.held or soft.prepared or any(item.preemptible for item in upcoming)):
+        firm_upcoming = [item for item in upcoming if not item.preemptible]
+        projected = project_firm(inventory.gpus, firm_upcoming, holdings)
+        actions = give_way(soft, [*holdings, *projected.values()], actions, now, config, memory)
+
     # new sessions, earliest first so an earlier booking gets its GPUs first
-    for reservation in sorted(wanted.values(), key=lambda item: (item.start, item.key)):
+    for reservation in sorted(upcoming, key=lambda item: (item.start, item.key)):
         key = reservation.key
-        if (key in existing and key not in replanned) or now >= reservation.end:
-            continue
-        if key in memory.in_flight:
-            continue
         if now < reservation.start - daemon.prepare_ahead:
             continue
-        if not _may_try(key, now, memory):
+        if not memory.may_try(key, now):
             continue
-        spec_or_reason = _allocate(reservation, inventory, holdings, taken_ports)
+        if soft.on and reservation.preemptible:
+            placement = place_preemptible(
+                inventory.gpus, reservation, [*holdings, *projected.values()], soft.keeping(),
+                now, config,
+            )  # fmt: skip
+            if placement is None:
+                continue  # it waits for idle GPUs; nobody is refused for it
+            spec_or_reason = _allocate(
+                reservation, inventory, holdings, taken_ports, placement.gpus
+            )
+            if isinstance(spec_or_reason, str):
+                continue
+            soft.placed.append(
+                Holding(key, placement.gpus, NO_PORTS, reservation.start, placement.until)
+            )
+        elif key in projected:
+            gpus = projected[key].gpus
+            spec_or_reason = _allocate(reservation, inventory, holdings, taken_ports, gpus)
+        else:
+            spec_or_reason = _allocate(reservation, inventory, holdings, taken_ports)
         if isinstance(spec_or_reason, str):
             actions.append(
                 Fail(key, reason=spec_or_reason, user=reservation.user, email=reservation.email)
             )
             continue
         spec = spec_or_reason
-        holdings.append(
-            Holding(key, spec.gpu_indices, _ports_of(spec), reservation.start, reservation.end)
-        )
+        if not spec.preemptible:
+            holdings.append(
+                Holding(key, spec.gpu_indices, _ports_of(spec), reservation.start, reservation.end)
+            )
         taken_ports.append(_ports_of(spec))
         actions.append(
             Start(key, spec=spec) if now >= reservation.start else Prepare(key, spec=spec)
@@ -240,17 +287,9 @@ def _stop_for(
     if session.state == "created":
         # prepared but never started: nobody uses it, so no grace period
         return Stop(session.key, reason=reason, grace=grace)
-    if now >= _missing_deadline(session, now, config, memory):
+    if now >= memory.missing_deadline(session.key, now, config):
         return Stop(session.key, reason=reason, grace=grace)
     return None
-
-
-def _missing_deadline(session: Session, now: datetime, config: Config, memory: Memory) -> datetime:
-    """When a session whose reservation is gone must stop (after its grace)."""
-    since = memory.missing_since.get(session.key, now)
-    if session.key in memory.known:
-        return since + config.daemon.cancel_grace
-    return since + config.daemon.orphan_grace
 
 
 def _missing_notices(
@@ -265,7 +304,7 @@ def _missing_notices(
     if now - since < config.daemon.poll_interval:
         # one poll without the booking may be a bad read; wait for the next to confirm
         return []
-    deadline = min(_missing_deadline(session, now, config, memory), session.end)
+    deadline = min(memory.missing_deadline(session.key, now, config), session.end)
     return [NotifyCancel(session.key, stop_at=deadline)]
 
 
@@ -286,16 +325,12 @@ def _due_warning(
     return min(due) if due else None
 
 
-def _may_try(key: str, now: datetime, memory: Memory) -> bool:
-    retry_after = memory.retry_after.get(key)
-    return retry_after is None or now >= retry_after
-
-
 def _allocate(
     reservation: Reservation,
     inventory: Inventory,
     holdings: list[Holding],
     taken_ports: list[Ports],
+    placed: tuple[int, ...] | None = None,
 ) -> SessionSpec | str:
     """A spec with GPUs and ports for a new session, or the reason there is none.
 
@@ -308,7 +343,7 @@ def _allocate(
     count = reservation.gpus if _scheduled(inventory) else 0
     gpus: tuple[int, ...] = ()
     if not _scheduled(inventory) and reservation.gpus > 0 and inventory.host.gpu_mode != "none":
-        chosen = allocate_gpus(
+        chosen = placed or allocate_gpus(
             inventory.gpus, reservation.gpus, reservation.start, reservation.end, holdings
         )
         if chosen is None:
@@ -338,7 +373,13 @@ def _allocate(
         ftp_passive_last=ports.passive_last,
         email=reservation.email,
         place=reservation.place if _scheduled(inventory) else "",
+        preemptible=reservation.preemptible and _preempts(inventory),
     )
+
+
+def _preempts(inventory: Inventory) -> bool:
+    """Whether gpuresa places this host's GPUs, so that preemptible sessions can give way."""
+    return not _scheduled(inventory) and inventory.host.gpu_mode != "none"
 
 
 def _scheduled(inventory: Inventory) -> bool:
@@ -359,35 +400,3 @@ def _spec_from_session(session: Session, reservation: Reservation) -> SessionSpe
 
 def _ports_of(item: Session | SessionSpec) -> Ports:
     return Ports(item.ssh_port, item.ftp_port, item.ftp_passive_first, item.ftp_passive_last)
-
-
-def wakeups(
-    reservations: Iterable[Reservation],
-    sessions: Iterable[Session],
-    inventory: Inventory,
-    now: datetime,
-    config: Config,
-    memory: Memory = Memory(),
-) -> list[datetime]:
-    """Every future instant at which `plan()` may answer differently, sorted.
-
-    The daemon schedules an exact-time reconcile at each, so a session starts,
-    gets its warnings and ends on time rather than at the next poll.
-    """
-    daemon = config.daemon
-    reservations = list(reservations)
-    wanted_keys = {reservation.key for reservation in reservations}
-    instants: set[datetime] = set()
-    for reservation in reservations:
-        if reservation.host != inventory.host.name:
-            continue
-        instants.add(reservation.start - daemon.prepare_ahead)
-        instants.add(reservation.start)
-        instants.add(reservation.end)
-        instants.update(reservation.end - warning for warning in daemon.warnings)
-    for session in sessions:
-        instants.add(session.end)
-        if session.key not in wanted_keys and not is_ad_hoc(session.key):
-            instants.add(_missing_deadline(session, now, config, memory))
-    instants.update(memory.retry_after.values())
-    return sorted(instant for instant in instants if instant > now)

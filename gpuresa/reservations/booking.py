@@ -41,6 +41,7 @@ from gpuresa.reservations.booking_fields import (
     description_fields,
     email_address,
     place_of,
+    preemptible_of,
     quoted,
 )
 from gpuresa.reservations.conflicts import host_gpu_count
@@ -158,6 +159,7 @@ class BookingReader:
             uid_derived=occurrence.component.uid_derived,
             href=occurrence.href,
             place=booking.place,
+            preemptible=booking.preemptible,
         )
 
     def reject_problem(self, problem: Problem) -> Rejection:
@@ -232,6 +234,7 @@ class BookingReader:
         template, cuda = self._template(fields, problems)
         gpus = self._gpus(fields, host, problems)
         place = place_of(fields, problems)
+        preemptible = preemptible_of(fields, self.calendar, self.hosts.get(host or ""), problems)
         status = component.first("STATUS")
         tentative = status is not None and status.value.strip().upper() == "TENTATIVE"
         return Booking(
@@ -247,6 +250,7 @@ class BookingReader:
             tentative=tentative,
             problems=tuple(problems),
             place=place,
+            preemptible=preemptible,
         )
 
     # --- user -------------------------------------------------------------------------

@@ -12,6 +12,10 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 
+from gpuresa.config.calendar_sections import CalendarConfig
+from gpuresa.config.capabilities import host_capabilities
+from gpuresa.config.sections import HostConfig
+
 _EMAIL = re.compile(r"[^@\s<>(),;:\"\\\[\]]{1,64}@[A-Za-z0-9.-]{1,253}")
 _DESCRIPTION_LINE = re.compile(r"\s*([A-Za-z][A-Za-z _-]{0,30}?)\s*[:=]\s*(.*?)\s*")
 _HTML_BREAK = re.compile(r"<\s*(?:br|/p|/div|/li|p|div|li)\b[^>]{0,200}>", re.IGNORECASE)
@@ -24,7 +28,10 @@ _DESCRIPTION_KEYS = {
     "gpu": "gpus",
     "node": "node",
     "partition": "partition",
+    "preemptible": "preemptible",
 }
+_YES = {"yes", "y", "true", "on", "1"}
+_NO = {"no", "n", "false", "off", "0"}
 # a Slurm node or partition name as a booking may give it
 _PLACE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _KEY_SPELLING = str.maketrans("", "", " \t_-")
@@ -95,6 +102,7 @@ class Booking:
     tentative: bool
     problems: tuple[str, ...]
     place: str = ""
+    preemptible: bool = False
 
 
 def place_of(fields: dict[str, str], problems: list[str]) -> str:
@@ -111,3 +119,31 @@ def place_of(fields: dict[str, str], problems: list[str]) -> str:
         problems.append(f"{quoted(name)} is not a {kind} name (letters, digits, '.', '_', '-')")
         return ""
     return name.strip() if node else "partition:" + name.strip()
+
+
+def preemptible_of(
+    fields: dict[str, str], calendar: CalendarConfig, host: HostConfig | None, problems: list[str]
+) -> bool:
+    """Whether the booking is preemptible: its `preemptible:` line, else its calendar's.
+
+    A calendar marked preemptible makes every booking of it so: a line there
+    saying no is refused, since the calendar's rule is the admin's, not the
+    writer's. On a host whose scheduler places the GPUs (Slurm) gpuresa does
+    not know which are idle: a preemptible booking there is refused.
+    """
+    asked = fields.get("preemptible")
+    preemptible = calendar.preemptible
+    if asked is not None:
+        answer = asked.strip().casefold()
+        if answer in _YES:
+            preemptible = True
+        elif answer not in _NO:
+            problems.append(f"{quoted(asked)} is not yes or no (preemptible)")
+        elif calendar.preemptible:
+            problems.append("this calendar's bookings are all preemptible: 'no' refused")
+    if preemptible and host is not None and host_capabilities(host).places_gpus:
+        problems.append(
+            f"host {host.name} is a cluster whose scheduler places the GPUs: a preemptible "
+            "booking there is its scheduler's own preemption to serve, not gpuresa's"
+        )
+    return preemptible

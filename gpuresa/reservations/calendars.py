@@ -173,6 +173,7 @@ class Calendars:
             granted_gpus=claims.granted_gpus,
             ended=claims.ended,
             origins=claims.origins,
+            preemptible=claims.preemptible,
         )
         freshness = {}
         for name, source in self.sources.items():

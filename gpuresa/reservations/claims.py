@@ -18,6 +18,7 @@ Pure: the journal's knowledge comes in as arguments.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
@@ -38,13 +39,16 @@ class Claims:
     granted_gpus: the GPU count each such session was given (a raise of it
     is a growth, see `gpuresa.reservations.conflicts.resolve_conflicts`);
     ended: the times each ended occurrence had at its end;
-    origins: where gpuresa first saw each UID, (calendar, href).
+    origins: where gpuresa first saw each UID, (calendar, href);
+    preemptible: the keys ever seen preemptible, which stay so (see
+    `gpuresa.reservations.conflicts.resolve_conflicts`).
     """
 
     granted: Mapping[str, tuple[datetime, datetime]] = field(default_factory=dict)
     granted_gpus: Mapping[str, int] = field(default_factory=dict)
     ended: Mapping[str, tuple[datetime, datetime]] = field(default_factory=dict)
     origins: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    preemptible: AbstractSet[str] = frozenset()
 
 
 def _stamp(moment: datetime) -> str:

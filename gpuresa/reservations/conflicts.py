@@ -98,6 +98,7 @@ def resolve_conflicts(
     holding: AbstractSet[str] = frozenset(),
     granted: Mapping[str, tuple[datetime, datetime]] = NOTHING_GRANTED,
     granted_gpus: Mapping[str, int] = NO_COUNTS,
+    preemptible: AbstractSet[str] = frozenset(),
 ) -> ReservationSet:
     """Decide over-booking: on each host, the bookings with the better claim keep their GPUs.
 
@@ -123,7 +124,20 @@ def resolve_conflicts(
     of `gpus:` is a growth like a longer time (weighed last, refused alone);
     a lower count is taken, but the granted time still counts the GPUs the
     session holds (a running session keeps the GPUs it started with).
+
+    A preemptible booking claims nothing: it is kept whatever the others ask
+    (the planner runs it only on GPUs no firm booking needs) and counts for
+    none of them. `preemptible` holds the keys ever seen preemptible: such a
+    booking stays preemptible whatever it says now, so that a booking written
+    preemptible (which no firm booking was refused for) cannot turn firm once
+    it runs, or once seen, and take the GPUs that were promised to others.
     """
+    reservations = [
+        replace(item, preemptible=True)
+        if item.key in preemptible and not item.preemptible
+        else item
+        for item in reservations
+    ]
     hosts = {host.name: host for host in config.hosts}
     zone = ZoneInfo(config.reservations.timezone)
     kept: list[Reservation] = []
@@ -138,6 +152,13 @@ def resolve_conflicts(
             kept.extend(candidates)
             continue
         kept_here = _Timeline()
+        for item in [item for item in candidates if item.preemptible]:
+            candidates.remove(item)
+            if item.gpus <= count:
+                kept.append(item)
+            else:
+                reason = f"{item.gpus} GPUs asked, but host {host_name!r} has {count}"
+                rejected.append(_rejection(item, reason))
         # a booking moved wholly out of its granted time holds nothing, like any other,
         # whatever `holding` says: its granted time is what it holds
         holders = {key for key in holding if key not in granted} | {

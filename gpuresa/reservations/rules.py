@@ -148,6 +148,7 @@ def read_reservations(
     ended: Mapping[str, tuple[datetime, datetime]] = NOTHING_GRANTED,
     origins: Mapping[str, tuple[str, str]] = _NO_ORIGINS,
     granted_gpus: Mapping[str, int] = NO_COUNTS,
+    preemptible: AbstractSet[str] = frozenset(),
 ) -> ReservationSet:
     """What all calendars ask for over the window, with over-booking decided.
 
@@ -155,7 +156,7 @@ def read_reservations(
     missing from the mapping are skipped), and, for over-booking, when each
     key was first seen and which keys hold a session (see
     `resolve_conflicts`; `granted` and `granted_gpus`: the interval and the
-    GPU count each session was given),
+    GPU count each session was given; `preemptible`: the keys ever seen preemptible),
     and the times of the bookings whose session ended (`ended`: an ended
     occurrence never runs again; moved, it is a new booking, see
     `gpuresa.reservations.claims.moved_after_end`), returns the kept reservations
@@ -170,7 +171,7 @@ def read_reservations(
         variants = template_variants(config)
     found = _read_all(config, objects_by_calendar, window_start, window_end, variants, origins)
     found = replace(found, reservations=moved_after_end(found.reservations, ended))
-    return _resolve(found, config, first_seen, holding, granted, granted_gpus)
+    return _resolve(found, config, first_seen, holding, granted, granted_gpus, preemptible)
 
 
 def _read_all(
@@ -208,6 +209,7 @@ def _resolve(
     holding: AbstractSet[str],
     granted: Mapping[str, tuple[datetime, datetime]] = NOTHING_GRANTED,
     granted_gpus: Mapping[str, int] = NO_COUNTS,
+    preemptible: AbstractSet[str] = frozenset(),
 ) -> ReservationSet:
     """`found`'s reservations with over-booking decided; its rejections kept."""
     resolved = resolve_conflicts(
@@ -217,6 +219,7 @@ def _resolve(
         holding=holding,
         granted=granted,
         granted_gpus=granted_gpus,
+        preemptible=preemptible,
     )
     rejected = sorted((*found.rejected, *resolved.rejected), key=rejection_order)
     return replace(resolved, rejected=tuple(rejected))

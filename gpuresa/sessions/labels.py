@@ -89,6 +89,8 @@ def session_labels(spec: SessionSpec, uid: int, output_dir: Path, ftp_user: str)
     }
     if spec.email:
         labels["gpuresa.email"] = spec.email
+    if spec.preemptible:
+        labels["gpuresa.preemptible"] = "yes"
     return labels
 
 
@@ -127,6 +129,7 @@ def session_from_labels(
         ftp_user=labels.get("gpuresa.ftp-user", ""),
         ftp_password=ftp_password,
         email=labels.get("gpuresa.email") or None,
+        preemptible=labels.get("gpuresa.preemptible") == "yes",
         containers=containers,
         id_range=id_range,
     )

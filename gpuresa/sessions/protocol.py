@@ -33,6 +33,14 @@ The contract, which `tests/test_backend_contract.py` checks on every backend:
 - **message(key, text)** shows a text to the session's user; **extend(key,
   end)** records a new end, which `list_sessions` returns from then on and the
   session shows. Neither waits on the session.
+- **signal(key, number)** sends `number` to every process the session's
+  user runs that catches it (has a handler: `sessions.signals`), from the
+  host, sparing what the stop's SIGTERM spares (the container's init, the
+  session's SSH listener, the launch machinery): a warning that ends
+  nothing, which a checkpointing script asks for by handling it. Returns
+  how many got it (a backend that cannot count, such as Slurm, says 1 for a
+  signal it handed on). A session that is not running, or is gone, gets
+  nothing: 0, never an error. Nothing in the session is run or waited on.
 - **capabilities** says what the backend can do (`backends.capabilities`):
   whoever behaves differently by backend asks it, never the backend's name;
   it is the value `host_capabilities` gives for the backend's host.
@@ -61,6 +69,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from datetime import datetime, timedelta
+from signal import Signals
 from typing import Protocol, runtime_checkable
 
 from gpuresa.config.capabilities import Capabilities
@@ -135,6 +144,10 @@ class SessionBackend(Protocol):
 
     def extend(self, key: str, end: datetime) -> None:
         """Record and show the session's new end."""
+        ...
+
+    def signal(self, key: str, number: Signals) -> int:
+        """Send `number` to the user's processes of the session; how many got it (0: none)."""
         ...
 
     def facts(self, session: Session | SessionSpec) -> SessionFacts:

@@ -21,6 +21,7 @@ import dataclasses
 import logging
 from collections.abc import Collection, Sequence
 from datetime import UTC, datetime, timedelta
+from signal import Signals
 from typing import TYPE_CHECKING
 
 from gpuresa.backends.engines import firewall, garbage, stopping
@@ -202,13 +203,10 @@ class Runtime:
             session = self.sessions.session_of(key, found)
             if session is not None:
                 return session  # already let in: started meanwhile
-        self.files.close_gate(key, self._gate_text(spec))
+        opens = end_text(spec.start, self.config.reservations.timezone)
+        self.files.close_gate(key, f"gpuresa: this session opens at {opens}; try again then.")
         session = start_session(self.sessions, spec, ready_timeout)
         return dataclasses.replace(session, state="created")
-
-    def _gate_text(self, spec: SessionSpec) -> str:
-        timezone = self.config.reservations.timezone
-        return f"gpuresa: this session opens at {end_text(spec.start, timezone)}; try again then."
 
     def start(self, spec: SessionSpec, ready_timeout: float = 30) -> Session:
         """Start the session of `spec` and return it once SSH and FTP answer.
@@ -245,18 +243,13 @@ class Runtime:
     def stop(self, key: str, grace: timedelta) -> None:
         """End session `key`: its processes get SIGTERM and up to `grace` to exit, then all goes.
 
-        Runs nothing in the container and waits on nothing in it: every
-        process of the main container (but its init and sshd) gets SIGTERM
-        from the host, the grace ends early once they are all gone, then the
-        containers' inits are SIGKILLed (the kernel kills everything left)
-        and Docker removes the containers and the network. The output folder
-        is kept (with storage.hand_output_to_user it is given to the login's
-        host account). Idempotent: a session that is gone or going counts as
-        stopped.
+        From the host, waiting on nothing in the container (see `stopping`);
+        the grace ends early once they are all gone. The output folder is kept
+        (with storage.hand_output_to_user it is given to the login's host
+        account). Idempotent: a session that is gone or going counts as stopped.
         """
         found = self.sessions.find(key)
-        if found.main is not None and grace > timedelta(0):
-            stopping.give_grace(key, found.main, grace)
+        stopping.give_grace(key, found.main, grace)
         self._end(key, found)
 
     def kill(self, key: str) -> None:
@@ -273,18 +266,12 @@ class Runtime:
         "stopped" and the daemon's next round makes it again (`Recreate`), with
         its devices granted anew. Idempotent: no main container is done.
         """
-        found = self.sessions.find(key)
-        if found.main is None:
-            return
-        main_only = Found(found.main, None)
-        stopping.kill_from_host(key, main_only)
-        stopping.remove_containers(self.engine, key, main_only)
-        log.warning("%s: main container removed, to be made again", key)
+        if stopping.end_main(self.engine, key, self.sessions.find(key)):
+            log.warning("%s: main container removed, to be made again", key)
 
     def _end(self, key: str, found: Found) -> None:
         session = self.sessions.session_of(key, found)
-        stopping.kill_from_host(key, found)
-        stopping.remove_containers(self.engine, key, found)
+        stopping.end_containers(self.engine, key, found)
         self.sessions.remove_networks(key)
         self.ends.forget(key)
         self.files.remove(key)
@@ -333,6 +320,10 @@ class Runtime:
             log.warning("%s: could not start wall: %s", key, error)
             return
         log.info("%s: message shown: %s", key, text)
+
+    def signal(self, key: str, number: Signals) -> int:
+        """The protocol's `signal`, sent from the host (`stopping.signal_processes`)."""
+        return stopping.signal_processes(key, self.sessions.find(key).main, number)
 
     def extend(self, key: str, end: datetime) -> None:
         """Record that session `key` now ends at `end`, and show it in the session.

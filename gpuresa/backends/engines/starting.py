@@ -91,7 +91,8 @@ def prepare_session(
     except AccessError as error:
         raise SessionError(f"session {key}: {error}") from None
     gpu = host_gpu_access(sessions.host, spec.gpu_indices)
-    # labels keep the final place; the containers get the root-only running one (outputs.running_area)
+    # labels keep the final place; the containers get the root-only running one
+    # (outputs.running_area)
     output_dir = output_path(sessions.config, spec)
     ensure_area(sessions.config)
     running = running_path(sessions.config, key)

@@ -6,7 +6,9 @@ processes are found in its cgroup and signalled from the host
 a SIGKILL to the container's init, which makes the kernel kill every process
 of its PID namespace (a process that ignores SIGTERM, a job started with
 sudo, a fork bomb within the pids limit). Docker then only removes what has
-already exited; each of its calls is bounded by the engine's timeout.
+already exited; each of its calls is bounded by the engine's timeout. The
+processes the SIGTERM reaches get other signals the same way
+(`signal_processes`: a warning a checkpointing script can catch).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 from gpuresa.backends.engines import processes
 from gpuresa.backends.engines.engine import Engine
 from gpuresa.backends.engines.lookup import Found, container_name, init_pid, status
+from gpuresa.sessions.signals import catching
 
 log = logging.getLogger(__name__)
 
@@ -57,17 +60,51 @@ def container_cgroup(container: dict[str, Any]) -> Path | None:
     return folder
 
 
-def give_grace(key: str, main: dict[str, Any], grace: timedelta) -> None:
-    """SIGTERM every process of the main container (but its init and sshd), wait up to `grace`.
+def user_processes(main: dict[str, Any]) -> tuple[int, Path, set[int]] | None:
+    """The main container's init pid, cgroup folder and the processes its user runs.
 
-    Returns as soon as they are all gone, or when `grace` is over.
+    Those are every member of its cgroup but its init and sshd (see
+    `processes.processes_to_end`); None when the container does not run.
     """
     folder = container_cgroup(main)
     if folder is None:
-        log.debug("%s: the main container does not run; no process to end", key)
-        return
+        return None
     pid = init_pid(main)
-    targets = processes.processes_to_end(pid, folder)
+    return pid, folder, processes.processes_to_end(pid, folder)
+
+
+def signal_processes(key: str, main: dict[str, Any] | None, number: signal.Signals) -> int:
+    """Send `number` to the processes the user runs in the main container `main` that catch
+    it, from the host.
+
+    Its init and sshd are spared, as by the stop's SIGTERM, and every process
+    without a handler for it (`sessions.signals`); nothing is waited on.
+    Returns how many got it: 0 when there is no main container or it does
+    not run.
+    """
+    found = None if main is None else user_processes(main)
+    if found is None:
+        log.info("%s: the main container does not run; %s sent to nobody", key, number.name)
+        return 0
+    _, folder, targets = found
+    # only to those with a handler: the warning must end nothing (see sessions.signals)
+    targets = set(catching(targets, number))
+    sent = processes.send(targets, number, folder) if targets else 0
+    log.info("%s: %s sent to %d processes", key, number.name, sent)
+    return sent
+
+
+def give_grace(key: str, main: dict[str, Any] | None, grace: timedelta) -> None:
+    """SIGTERM every process of the main container (but its init and sshd), wait up to `grace`.
+
+    Returns as soon as they are all gone, or when `grace` is over; at once
+    when there is no grace or no main container running.
+    """
+    found = None if main is None or grace <= timedelta(0) else user_processes(main)
+    if found is None:
+        log.debug("%s: no grace to give, or the main container does not run", key)
+        return
+    pid, folder, targets = found
     if not targets:
         return
     sent = processes.send(targets, signal.SIGTERM, folder)
@@ -103,6 +140,20 @@ def kill_from_host(key: str, found: Found) -> None:
         folders = [folder for folder in folders if processes.members(folder)]
         if folders:
             time.sleep(POLL_INTERVAL)
+
+
+def end_containers(engine: Engine, key: str, found: Found) -> None:
+    """SIGKILL a session's containers from the host (`kill_from_host`), then remove them."""
+    kill_from_host(key, found)
+    remove_containers(engine, key, found)
+
+
+def end_main(engine: Engine, key: str, found: Found) -> bool:
+    """End and remove the main container alone of `found`; whether there was one."""
+    if found.main is None:
+        return False
+    end_containers(engine, key, Found(found.main, None))
+    return True
 
 
 def remove_containers(engine: Engine, key: str, found: Found) -> None:

@@ -38,13 +38,14 @@ import time
 from collections.abc import Collection
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from signal import Signals
 
 from gpuresa.access import AccessError, authorized_keys, check_login, host_account
 from gpuresa.backends.slurm.answering import presented_digest, wait_for_job_sshd
 from gpuresa.backends.slurm.container import JobContainers
 from gpuresa.backends.slurm.gateway import Job, Node, SlurmGateway
 from gpuresa.backends.slurm.jobs import SessionJobs, limit_minutes
-from gpuresa.backends.slurm.jobscript import JobSettings, job_script
+from gpuresa.backends.slurm.jobscript import PASSED_ON, JobSettings, job_script
 from gpuresa.backends.slurm.placement import node_for
 from gpuresa.backends.slurm.records import Record, Records
 from gpuresa.backends.slurm.reserver import Reserver
@@ -349,6 +350,23 @@ class SlurmBackend:
 
     def message(self, key: str, text: str) -> None:
         self.files.show_message(key, text, datetime.now(UTC))
+
+    def signal(self, key: str, number: Signals) -> int:
+        """`number` to the batch script of the session's own running job, which passes it on
+        to the session's processes but its sshd and container (`jobscript`). Slurm does not
+        say how many got it: 1 when it took the signal, else 0 (no such session, its job
+        waits or is over, a signal the script does not pass on: it would end the job)."""
+        record = self.records.get(key)
+        job = None if record is None else self.jobs.own(record)
+        if record is None or job is None or job.state != "RUNNING":
+            return 0
+        if number not in PASSED_ON:
+            log.warning("%s: %s is not passed on by a session's job; not sent", key, number.name)
+            return 0
+        if not self.jobs.warn(record, number.name.removeprefix("SIG")):
+            return 0
+        log.info("%s: %s sent to job %d", key, number.name, job.id)
+        return 1
 
     def extend(self, key: str, end: datetime) -> None:
         record = self.records.get(key)

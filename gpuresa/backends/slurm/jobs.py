@@ -149,6 +149,19 @@ class SessionJobs:
         with contextlib.suppress(SessionError):
             self.gateway.run(["scancel", f"--signal={signal}", "--full", str(record.job)])
 
+    def warn(self, record: Record, signal: str) -> bool:
+        """Send `signal` to the batch script of `record`'s own job alone (`scancel --batch`),
+        which passes it on to the session's processes (see `jobscript`); whether Slurm took
+        it (False: no job, or scancel failed, which is logged)."""
+        if record.job is None:
+            return False
+        try:
+            self.gateway.run(["scancel", f"--signal={signal}", "--batch", str(record.job)])
+        except SessionError as error:
+            log.warning("%s: %s not sent to job %d: %s", record.key, signal, record.job, error)
+            return False
+        return True
+
     def report_strangers(self, records: Iterable[Record], jobs: Sequence[Job]) -> list[Job]:
         """The jobs named like a session's that are not its own (logged once each); they
         are left alone."""

@@ -10,7 +10,9 @@ and written to the run folder), then the user's own sshd on the session's
 port (no privilege separation: a single-user server needs none), which enters
 that container for every login; it passes SIGTERM on to every descendant
 and exits only when none is left, so a stop's grace is the session's, not
-the script's.
+the script's. The warnings of `PASSED_ON` (gpuresa's `signal`, which Slurm
+gives the script alone) go on to every descendant but sshd and the
+container's first process and what runs it: the session goes on.
 
 The login sees the job's GPUs: sshd hands `CUDA_VISIBLE_DEVICES`, the job's
 id and the session's folders to every login (`SetEnv`).
@@ -22,7 +24,12 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from signal import Signals
 from typing import Any
+
+# the signals the job script passes on to the session's processes (gpuresa's `signal`); any
+# other sent to it would end it, and the session with it
+PASSED_ON = frozenset({Signals.SIGHUP, Signals.SIGINT, Signals.SIGUSR1, Signals.SIGUSR2})
 
 _SCRIPT = r"""#!/usr/bin/python3
 # gpuresa session job (made by gpuresa; see gpuresa/backends/slurm/jobscript.py)
@@ -66,8 +73,7 @@ with open(config, "w") as out:
         "SetEnv " + " ".join("%%s=%%s" %% item for item in passed.items()),
         "",
     ]))
-def descendants():
-    found, parents = [], {os.getpid()}
+def parents():
     table = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -76,16 +82,22 @@ def descendants():
                     table[int(entry)] = int(stat.read().rsplit(")", 1)[1].split()[1])
             except (OSError, IndexError, ValueError):
                 pass
+    return table
+
+def descendants():
+    found, parents_seen = [], {os.getpid()}
+    table = parents()
     changed = True
     while changed:
         changed = False
         for pid, parent in table.items():
-            if parent in parents and pid not in parents:
-                parents.add(pid)
+            if parent in parents_seen and pid not in parents_seen:
+                parents_seen.add(pid)
                 found.append(pid)
                 changed = True
     return found
 
+init = None
 box = SETTINGS["container"]
 if box:
     # the template's container (see gpuresa/backends/slurm/container.py): the node's GPUs
@@ -131,7 +143,36 @@ def on_term(number, frame):
         except ProcessLookupError:
             pass
 
+def on_warning(number, frame):
+    # gpuresa's warning (`scancel --batch`: this script alone gets it) goes on to the session's
+    # processes, never to sshd on its port nor to its container's first process and what runs
+    # it: the session goes on
+    table = parents()
+    kept, pid = {child.pid}, init
+    while pid in table and pid != os.getpid():
+        kept.add(pid)
+        pid = table[pid]
+    for pid in descendants():
+        if pid not in kept and catches(pid, number):
+            try:
+                os.kill(pid, number)
+            except ProcessLookupError:
+                pass
+
+def catches(pid, number):
+    # only a process with a handler gets the warning: to the others it would be the end
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (number - 1) & 1)
+    except (OSError, ValueError):
+        pass
+    return False
+
 signal.signal(signal.SIGTERM, on_term)
+for number in SETTINGS["passed_on"]:
+    signal.signal(number, on_warning)
 # reap every child (orphans of logins included) until none is left
 while True:
     try:
@@ -171,5 +212,6 @@ def job_script(settings: JobSettings) -> str:
         "output_dir": str(settings.output_dir),
         "command": list(settings.command),
         "container": dict(settings.container) if settings.container else None,
+        "passed_on": sorted(int(number) for number in PASSED_ON),
     }
     return _SCRIPT % {"settings": json.dumps(data)}

@@ -16,14 +16,14 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import signal
 import time
 from collections.abc import Collection
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from signal import Signals
 
 from gpuresa.access import AccessError, Account, authorized_keys, host_account
-from gpuresa.backends.udocker import launch, listening, tools
+from gpuresa.backends.udocker import launch, listening, stopping, tools
 from gpuresa.backends.udocker.cgroups import CGROUP_ROOT, SessionCgroup, remove_others
 from gpuresa.backends.udocker.devices import denied_devices, driver_volumes
 from gpuresa.backends.udocker.host import check_host, login_output, session_account
@@ -312,18 +312,7 @@ class UdockerBackend:
         record = self.records.read(key)
         cgroup = self.cgroup(key)
         if record is not None and grace > timedelta(0) and cgroup.exists():
-            folder = self.records.folder(key)
-            listener = listening.recorded(cgroup, folder)
-            spared = launch.machinery(cgroup, folder, listener)
-            targets = [pid for pid in cgroup.members() if pid not in spared]
-            sent = cgroup.signal(targets, signal.SIGTERM)
-            log.info("%s: SIGTERM sent to %d processes; waiting up to %s", key, sent, grace)
-            deadline = time.monotonic() + grace.total_seconds()
-            while time.monotonic() < deadline:
-                left = set(cgroup.members()) - launch.machinery(cgroup, folder, listener)
-                if not left:
-                    break
-                time.sleep(launch.POLL * 2)
+            stopping.give_grace(key, cgroup, self.records.folder(key), grace)
         self._end(key, finish=True)
 
     def kill(self, key: str) -> None:
@@ -374,6 +363,12 @@ class UdockerBackend:
         except SessionError as error:
             log.warning("%s: %s", key, error)
         log.info("%s: message shown: %s", key, text)
+
+    def signal(self, key: str, number: Signals) -> int:
+        """The protocol's `signal`: to the cgroup's members but the session's machinery."""
+        if self.records.read(key) is None:
+            return 0
+        return stopping.signal_processes(key, self.cgroup(key), self.records.folder(key), number)
 
     def extend(self, key: str, end: datetime) -> None:
         session = self.session(key)

@@ -87,6 +87,7 @@ class Records:
             "ftp_passive_first": spec.ftp_passive_first,
             "ftp_passive_last": spec.ftp_passive_last,
             "email": spec.email,
+            "preemptible": spec.preemptible,
             "uid": record.uid,
             "gid": record.gid,
             "output_dir": str(record.output_dir),
@@ -135,6 +136,7 @@ class Records:
                 ftp_passive_first=int(values["ftp_passive_first"]),
                 ftp_passive_last=int(values["ftp_passive_last"]),
                 email=values.get("email"),
+                preemptible=values.get("preemptible") is True,
             )
             return Record(
                 spec,
