@@ -39,7 +39,7 @@ from conftest import BASE_IMAGE, PODMAN_SOCKET, TEST_HOST, DockerHarness
 from ftps_client import Ftps, FtpsError
 from support import logins
 from support.configs import free_ports
-from support.gpu_nodes import stand_in_gpu_nodes
+from support.gpu_nodes import stand_in_driver, stand_in_gpu_nodes
 from support.logins import run as run  # for the tests that log in to sessions of this site
 from support.waiting import wait_for
 
@@ -752,19 +752,14 @@ def stand_in_gpus() -> Iterator[dict[str, int]]:
 def test_devices_mode_passes_the_booked_gpu_only(
     tmp_path: Path, site: Site, stand_in_gpus: dict[str, int]
 ) -> None:
-    drivers = tmp_path / "driver"
-    drivers.mkdir()
-    (drivers / "libnvidia-stand-in.so.1").write_text("not really a library\n")
-    smi = drivers / "nvidia-smi"
-    smi.write_text('#!/bin/sh\necho "stand-in GPU $CUDA_VISIBLE_DEVICES"\n')
-    smi.chmod(0o755)
+    libraries, smi = stand_in_driver(tmp_path / "driver")
     site = make_site(
         tmp_path / "site",
         site.client,
         engine=site.engine,
         gpu_mode="devices",
         gpus=[0, 1],
-        driver_libraries=[str(drivers / "libnvidia-*.so.1")],
+        driver_libraries=[libraries],
         driver_binaries=[str(smi)],
     )
     runtime = site.runtime()

@@ -31,8 +31,7 @@ def started_processes(tmp_path: Path) -> Iterator[dict[str, subprocess.Popen[byt
         ready = tmp_path / name
         code = head + f"open({str(ready)!r}, 'w').close()\ntime.sleep(60)\n"
         started[name] = subprocess.Popen([sys.executable, "-c", code])
-    for name in SCRIPTS:
-        wait_for(lambda name=name: (tmp_path / name).exists(), 20, f"{name} to be ready")
+    wait_for(lambda: all((tmp_path / name).exists() for name in SCRIPTS), 20, "them to be ready")
     yield started
     for process in started.values():
         process.kill()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 from gpuresa.config.sections import Config
@@ -121,7 +121,9 @@ class Notices:
         """The end notice; `preempted_at`: when a preemptible session was stopped early."""
         details = end_details(self.config, session, self._public_host(), datetime.now(UTC))
         if preempted_at is not None:
-            details = preempted_end_line(preempted_at, self._timezone) + details
+            details = "\n" + preempted_end_line(preempted_at, self._timezone) + details
+            # it ended when it was stopped, not at the end it was booked for
+            session = replace(session, end=preempted_at)
         message = end_message(session, session.output_dir, self._timezone, details=details)
         self._to_user(session.key, "end", session.user, session.email, message)
 

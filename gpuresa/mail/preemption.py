@@ -21,8 +21,9 @@ def preemptible_lines(notice: timedelta, signal_name: str) -> str:
     return f"""
 This session is preemptible: it runs on GPUs nobody booked, and gives them
 up when a booking needs them. You will then be told {format_remaining(notice)}
-ahead (by e-mail and in the session), and every process of the session gets
-{signal_name}: catch it to save a checkpoint to {OUTPUT_TARGET}, for example in Python
+ahead (by e-mail and in the session), and every process of the session that
+catches {signal_name} gets it (the others are left alone): catch it to save a
+checkpoint to {OUTPUT_TARGET}, for example in Python
   signal.signal(signal.{signal_name}, lambda *_: save_checkpoint())
 """
 
@@ -38,7 +39,7 @@ Hello {session.user},
 
 a booking needs the GPUs of your preemptible session on {session.host}: the
 session stops at {format_time(stop_at, timezone)}, before the end it was
-booked for. Its processes have just been sent {signal_name}.
+booked for. Its processes that catch {signal_name} have just been sent it.
 
 Save your work to {OUTPUT_TARGET} now: that folder is kept after the stop;
 everything else in the session is lost.

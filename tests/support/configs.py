@@ -88,6 +88,7 @@ def write_daemon_config(
     limits: str = "",
     extra: str = "",
     host_lines: str = "",
+    gpu_mode: str = "none",
 ) -> Path:
     """Write `directory/config.toml` for a daemon under test; returns its path.
 
@@ -97,6 +98,8 @@ def write_daemon_config(
     lines for the [daemon] table (its defaults here: a 1 s poll, 5 s prepared
     ahead, 1 s stop grace). `limits`: lines for [limits]. `extra`: tables
     appended to the file. `host_lines`: lines for the [[hosts]] table.
+    `gpu_mode`: the host's (none by default: no GPU is placed; "devices" with
+    `support.gpu_nodes`' stand-in nodes where one must be).
     """
     keys = directory / "keys"
     keys.mkdir(exist_ok=True)
@@ -139,7 +142,7 @@ default_template = "pytorch"
 [[hosts]]
 name = "{host}"
 gpus = {list(gpus)}
-gpu_mode = "none"
+gpu_mode = "{gpu_mode}"
 bind_address = "127.0.0.1"
 ssh_ports = "{first}-{first + sessions - 1}"
 ftp_ports = "{first + sessions}-{first + 2 * sessions - 1}"

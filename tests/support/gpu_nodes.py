@@ -70,3 +70,14 @@ def gpu_nodes_left_as_they_are() -> Iterator[None]:
     """While it is held, no test makes or removes stand-in nodes."""
     with _locked(fcntl.LOCK_SH):
         yield
+
+
+def stand_in_driver(folder: Path) -> tuple[str, Path]:
+    """A stand-in driver in `folder` (made here): the glob of its one library, which is
+    text, and its `nvidia-smi`, which names the GPUs it is shown."""
+    folder.mkdir()
+    (folder / "libnvidia-stand-in.so.1").write_text("not really a library\n")
+    smi = folder / "nvidia-smi"
+    smi.write_text('#!/bin/sh\necho "stand-in GPU $CUDA_VISIBLE_DEVICES"\n')
+    smi.chmod(0o755)
+    return str(folder / "libnvidia-*.so.1"), smi

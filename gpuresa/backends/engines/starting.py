@@ -104,7 +104,14 @@ def prepare_session(
         (sessions.config.storage.output_root / spec.user).mkdir(mode=0o750)
     remember(sessions.config, key, spec.user, output_dir)
     # the cap comes before anything of the session's can write there (refused without room)
-    cap_output(sessions.config, key, running, spec.gpu_count, len(sessions.host_gpus()))
+    cap_output(
+        sessions.config,
+        key,
+        running,
+        spec.gpu_count,
+        len(sessions.host_gpus()),
+        spec.preemptible,
+    )
     labelled = dataclasses.replace(spec, cuda=variant.name)
     sessions.ends.forget(key)
     files = sessions.files.show_facts(

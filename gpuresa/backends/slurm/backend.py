@@ -41,7 +41,7 @@ from pathlib import Path
 from signal import Signals
 
 from gpuresa.access import AccessError, authorized_keys, check_login, host_account
-from gpuresa.backends.slurm.answering import presented_digest, wait_for_job_sshd
+from gpuresa.backends.slurm.answering import wait_for_job_sshd
 from gpuresa.backends.slurm.container import JobContainers
 from gpuresa.backends.slurm.gateway import Job, Node, SlurmGateway
 from gpuresa.backends.slurm.jobs import SessionJobs, limit_minutes
@@ -190,7 +190,7 @@ class SlurmBackend:
             # a daemon killed between the job's record and its release
             self.jobs.release(record)
         deadline = time.monotonic() + max(ready_timeout, self.config.slurm.start_timeout.seconds)
-        job = self._wait_running(record, deadline)
+        job = self.jobs.wait_running(record, deadline)
         if record.job_start is None:
             # the time limit counts from the job's start (Slurm's): an extension is measured
             # from it, so that the new limit never ends before the booking
@@ -249,28 +249,6 @@ class SlurmBackend:
         )
         log_file = self.runs / record.name / "job.log"
         return self.jobs.submit(record, minutes, log_file, job_script(settings))
-
-    def _wait_running(self, record: Record, deadline: float) -> Job:
-        while True:
-            job = self.jobs.own(record)
-            if job is not None and job.state == "RUNNING":
-                return job
-            if job is None or not job.waits_or_runs:
-                # a job whose sshd could not bind its port ends at once: say who holds it
-                squatter = presented_digest(record.node, record.ssh_port, timeout=2)
-                if squatter is not None:
-                    raise SessionError(
-                        f"session {record.key}: port {record.ssh_port} on {record.node} is held "
-                        f"by another SSH server (host key SHA256:{squatter}): the job cannot "
-                        "serve it"
-                    )
-                raise SessionError(
-                    f"the job of {record.key} ended before it ran ({job.state if job else 'gone'})"
-                )
-            if time.monotonic() > deadline:
-                self.jobs.cancel(record, "KILL")
-                raise SessionError(f"the job of {record.key} did not start in time")
-            time.sleep(0.3)
 
     def stop(self, key: str, grace: timedelta) -> None:
         record = self.records.get(key)

@@ -24,10 +24,12 @@ import contextlib
 import logging
 import math
 import secrets
+import time
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from gpuresa.backends.slurm.answering import presented_digest
 from gpuresa.backends.slurm.gateway import Job, SlurmGateway
 from gpuresa.backends.slurm.records import Record, Records
 from gpuresa.sessions.errors import SessionError
@@ -161,6 +163,31 @@ class SessionJobs:
             log.warning("%s: %s not sent to job %d: %s", record.key, signal, record.job, error)
             return False
         return True
+
+    def wait_running(self, record: Record, deadline: float) -> Job:
+        """The session's own job once it runs (before `deadline`, a monotonic instant); a
+        `SessionError` saying why when it ends first (another SSH server on its port) or
+        does not run in time (then cancelled)."""
+        while True:
+            job = self.own(record)
+            if job is not None and job.state == "RUNNING":
+                return job
+            if job is None or not job.waits_or_runs:
+                # a job whose sshd could not bind its port ends at once: say who holds it
+                squatter = presented_digest(record.node, record.ssh_port, timeout=2)
+                if squatter is not None:
+                    raise SessionError(
+                        f"session {record.key}: port {record.ssh_port} on {record.node} is held "
+                        f"by another SSH server (host key SHA256:{squatter}): the job cannot "
+                        "serve it"
+                    )
+                raise SessionError(
+                    f"the job of {record.key} ended before it ran ({job.state if job else 'gone'})"
+                )
+            if time.monotonic() > deadline:
+                self.cancel(record, "KILL")
+                raise SessionError(f"the job of {record.key} did not start in time")
+            time.sleep(0.3)
 
     def report_strangers(self, records: Iterable[Record], jobs: Sequence[Job]) -> list[Job]:
         """The jobs named like a session's that are not its own (logged once each); they
