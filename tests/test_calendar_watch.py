@@ -310,10 +310,11 @@ def test_a_booking_written_to_start_now_runs_within_seconds_on_a_long_poll(
             (folder / "walk-in.ics").write_text(booking("walk-in", datetime.now(UTC)))
             running = state_seen(journal, "walk-in", "running", 15)
             assert running is not None, log_file.read_text()[-4000:]
-            assert running < 5.0, running
+            # the promise (booked now, logged in within 10 s), far from the next poll's 27 s
+            assert running < 10.0, running
             ready = wait_ssh_ready(config, "walk-in", written + 20)
             assert ready is not None
-            assert ready - written < 8.0, ready - written
+            assert ready - written < 10.0, ready - written
             print(
                 f"walk-in: running after {running:.2f} s, first login after {ready - written:.2f} s"
             )

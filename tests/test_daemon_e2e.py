@@ -86,6 +86,12 @@ class Stack:
         """An SSH client logged in with the user's key, or None if the login fails now."""
         return try_login(port, user, self.key_file)
 
+    def state(self, key: str) -> str | None:
+        """The journal's state of booking `key` now (read-only, beside the daemon)."""
+        journal = Journal(self.config.daemon.state_dir / "journal.sqlite", read_only=True)
+        with contextlib.closing(journal):
+            return journal.states.get(key)
+
     def timed_login(
         self, port: int, user: str = "alice"
     ) -> tuple[paramiko.SSHClient, datetime] | None:
@@ -367,6 +373,8 @@ def test_cancelled_and_rejected_bookings(stack: Stack) -> None:
     )
     assert gone - deleted >= grace
     assert gone - deleted <= grace + poll + timedelta(seconds=4)
+    # the containers are gone before the stop's hand-over and journal lines are done
+    wait_for(lambda: stack.state("cancel-1") == "cancelled", 30, "the stop to be journalled")
 
     stack.kill_daemon(signal.SIGTERM)
     journal = Journal(stack.config.daemon.state_dir / "journal.sqlite", read_only=True)

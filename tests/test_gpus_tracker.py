@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from conftest import DockerHarness
 from nvml_replay import RecordedNvml
+from support.gpu_nodes import gpu_nodes_left_as_they_are
 from support.waiting import wait_for
 
 from gpuresa.gpus import cgroups
@@ -53,6 +54,14 @@ def reading(base: GpuReading, *pids: int, uuid: str = UUID, minor: int = 0) -> G
     same = base.processes[0].used_memory if base.processes else None
     processes = tuple(GpuProcess(pid, same) for pid in pids)
     return dataclasses.replace(base, processes=processes, uuid=uuid, minor=minor)
+
+
+@pytest.fixture(autouse=True)
+def steady_gpu_nodes() -> Iterator[None]:
+    """No test makes stand-in /dev/nvidia* nodes meanwhile: the tracker reads the host's
+    nodes, and one made by a test on another worker would look like a GPU a session lost."""
+    with gpu_nodes_left_as_they_are():
+        yield
 
 
 @pytest.fixture

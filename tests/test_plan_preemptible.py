@@ -70,7 +70,7 @@ def test_a_firm_booking_never_counts_a_preemptible_session_in_its_way() -> None:
     # told once, when the notice is due, of when it must be gone
     told = plan([sleeper, firm], sessions, INVENTORY, stop_at - NOTICE, CONFIG)
     assert told == [NotifyPreempt("sleeper", stop_at=stop_at)]
-    memory = Memory(preempt_notified=frozenset({"sleeper"}))
+    memory = Memory(preempt_notified={"sleeper": stop_at})
     later = plan([sleeper, firm], sessions, INVENTORY, stop_at - MINUTE, CONFIG, memory)
     assert not of_kind(later, NotifyPreempt) and not of_kind(later, Stop)
     # stopped then, with the grace of any ending session
@@ -191,6 +191,51 @@ def test_hosts_without_gpus_to_place_run_preemptible_bookings_like_any_other() -
     (start,) = of_kind(actions, Start)
     assert isinstance(start, Start) and start.spec is not None
     assert not start.spec.preemptible and start.spec.gpu_indices == ()
+
+
+def test_a_preemptible_session_whose_booking_vanished_still_gives_way_in_time() -> None:
+    sleeper = soft("sleeper", T0 - timedelta(hours=1), hours=8, gpus=4)
+    firm = booking("firm", T0 + timedelta(hours=1), hours=1, gpus=2, user="carol")
+    sessions = [soft_running(sleeper, (0, 1, 2, 3))]
+    stop_at = gone_before(firm.start, CONFIG)
+    # deleted a minute before it must go: its cancel grace (5 min) would run past the start
+    memory = Memory(missing_since={"sleeper": stop_at - MINUTE}, known=frozenset({"sleeper"}))
+    actions = plan([firm], sessions, INVENTORY, stop_at, CONFIG, memory)
+    assert Stop("sleeper", reason="preempted", grace=GRACE) in actions
+
+
+def test_a_preemptible_booking_right_after_a_firm_session_is_prepared_once() -> None:
+    firm = booking("firm", T0 - timedelta(hours=1), hours=1, gpus=4, user="carol")
+    after = soft("after", T0, hours=2, gpus=4)
+    sessions = [running(firm, (0, 1, 2, 3))]
+    quiet = Memory(warnings_sent=frozenset({("firm", 900), ("firm", 300)}))
+    prepared = plan([firm, after], sessions, INVENTORY, T0 - MINUTE * 4, CONFIG, quiet)
+    assert kinds(prepared) == [("Prepare", "after")]
+    (prepare,) = of_kind(prepared, Prepare)
+    assert isinstance(prepare, Prepare) and prepare.spec is not None
+    made = dataclasses.replace(soft_running(after, prepare.spec.gpu_indices), state="created")
+    # the next round keeps it: the firm session ends before it starts
+    again = plan([firm, after], [*sessions, made], INVENTORY, T0 - MINUTE * 3, CONFIG, quiet)
+    assert not of_kind(again, Stop)
+
+
+def test_a_new_stop_time_is_told_again() -> None:
+    sleeper = soft("sleeper", T0 - timedelta(hours=1), hours=8, gpus=4)
+    sessions = [soft_running(sleeper, (0, 1, 2, 3))]
+    first = booking("first", T0 + timedelta(hours=1), hours=1, gpus=1, user="carol")
+    told_of = gone_before(first.start, CONFIG)
+    # the firm booking that was told of is gone; an earlier one comes
+    sooner = booking("sooner", T0 + MINUTE * 20, hours=1, gpus=1, user="dave")
+    memory = Memory(preempt_notified={"sleeper": told_of})
+    actions = plan([sleeper, sooner], sessions, INVENTORY, T0 + MINUTE * 15, CONFIG, memory)
+    assert NotifyPreempt("sleeper", stop_at=gone_before(sooner.start, CONFIG)) in actions
+
+
+def test_a_preempted_booking_is_never_started_again() -> None:
+    sleeper = soft("sleeper", T0 - timedelta(hours=1), hours=8, gpus=4)
+    assert kinds(plan([sleeper], [], INVENTORY, T0, CONFIG)) == [("Start", "sleeper")]
+    memory = Memory(preempted=frozenset({"sleeper"}))
+    assert kinds(plan([sleeper], [], INVENTORY, T0, CONFIG, memory)) == []
 
 
 # --- over-booking and the booking's own words ------------------------------------------
@@ -337,6 +382,7 @@ class Timeline:
 
     started: dict[str, tuple[datetime, tuple[int, ...]]] = dataclasses.field(default_factory=dict)
     told: dict[str, datetime] = dataclasses.field(default_factory=dict)
+    told_of: dict[str, datetime] = dataclasses.field(default_factory=dict)
     preempted: dict[str, datetime] = dataclasses.field(default_factory=dict)
     failed: set[str] = dataclasses.field(default_factory=set)
 
@@ -352,7 +398,7 @@ def simulate(reservations: list[Reservation]) -> Timeline:
             memory = Memory(
                 known=keys,
                 warnings_sent=frozenset((key, 300) for key in keys),
-                preempt_notified=frozenset(timeline.told),
+                preempt_notified=dict(timeline.told_of),
                 preempted=frozenset(timeline.preempted),
                 retry_after={key: horizon + timedelta(days=1) for key in timeline.failed},
             )
@@ -372,6 +418,7 @@ def simulate(reservations: list[Reservation]) -> Timeline:
                         timeline.started.setdefault(action.key, (now, action.spec.gpu_indices))
                 elif isinstance(action, NotifyPreempt):
                     timeline.told.setdefault(action.key, now)
+                    timeline.told_of[action.key] = action.stop_at
                 elif type(action).__name__ == "Fail":
                     timeline.failed.add(action.key)
             live = [item for item in sessions.values() if item.state == "running"]

@@ -67,7 +67,9 @@ class DaemonConfig:
     # a preemptible session is told this long before it must give its GPUs up (in the
     # session, by e-mail, and with `preempt_signal` to its processes, for a checkpoint)
     preempt_notice: timedelta = Field(timedelta(minutes=10), check=positive_duration)
-    preempt_signal: Literal["SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP", "SIGTERM"] = "SIGUSR1"
+    # (not SIGINT, SIGHUP or SIGTERM: sshd's login processes and Python catch those, so a
+    # warning would close logins and interrupt plain jobs)
+    preempt_signal: Literal["SIGUSR1", "SIGUSR2"] = "SIGUSR1"
     # and starts only where it can run this long (or its whole booking)
     preempt_minimum: timedelta = Field(timedelta(minutes=15), check=positive_duration)
 

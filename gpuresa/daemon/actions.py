@@ -158,7 +158,7 @@ KINDS: dict[type[Action], ActionKind[Any]] = {
         deadline=_notice_deadline,
         effect=lambda action, call: call.work.notify_preempt(action, call.session, call.now),
         noted=lambda action, remembered, context, now: remembered.preempt_noticed(
-            action.key, context.journal, now
+            action.key, action.stop_at, context.journal
         ),
     ),
     NotifyCancel: ActionKind[NotifyCancel](

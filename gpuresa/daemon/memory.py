@@ -10,6 +10,7 @@ session: at most once there, at least once by e-mail (the outbox).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -23,6 +24,9 @@ from gpuresa.planning.facts import Memory
 
 # The journal's note of a preemptible session told it must stop (`preempt-notified:<key>`).
 PREEMPT_NOTIFIED = "preempt-notified:"
+# ... and of a booking whose preemptible session was stopped for a firm one (`preempted:<key>`):
+# done for good, whatever its state says later (a rejection, a booking again)
+PREEMPTED = "preempted:"
 # A failed start or stop is retried after these delays (then every last one).
 RETRY_DELAYS = (timedelta(seconds=15), timedelta(seconds=60), timedelta(minutes=5))
 
@@ -42,8 +46,8 @@ class Remembered:
     finishing: dict[str, tuple[int, datetime]] = field(default_factory=dict)
     # (key, ssh port, FTP password) of start notices already handed to the outbox
     start_noticed: set[tuple[str, int, str]] = field(default_factory=set)
-    # preemptible sessions told they must give their GPUs up
-    preempt_notified: set[str] = field(default_factory=set)
+    # the stop time each preemptible session was told it must give its GPUs up at
+    preempt_notified: dict[str, datetime] = field(default_factory=dict)
 
     @classmethod
     def load(cls, journal: Journal) -> Remembered:
@@ -57,7 +61,9 @@ class Remembered:
             if seconds.isdigit() and key:
                 remembered.warnings_sent.add((key, int(seconds)))
         remembered.cancel_notified.update(journal.facts.with_prefix("cancel-notified:"))
-        remembered.preempt_notified.update(journal.facts.with_prefix(PREEMPT_NOTIFIED))
+        for key, value in journal.facts.with_prefix(PREEMPT_NOTIFIED).items():
+            with contextlib.suppress(ValueError):
+                remembered.preempt_notified[key] = datetime.fromisoformat(value)
         return remembered
 
     def memory(
@@ -102,8 +108,8 @@ class Remembered:
         for key in self.cancel_notified - present - busy - wanted:
             self.cancel_notified.discard(key)
             journal.facts.delete(f"cancel-notified:{key}")
-        for key in self.preempt_notified - present - busy:
-            self.preempt_notified.discard(key)
+        for key in set(self.preempt_notified) - present - busy:
+            del self.preempt_notified[key]
             journal.facts.delete(PREEMPT_NOTIFIED + key)
         states = journal.states.all()
         specs: dict[str, SessionSpec | None] = {
@@ -123,8 +129,8 @@ class Remembered:
             stopping=stopping,
             refused_ports=frozenset(self.refused_ports),
             changes_notified=frozenset(self.changes_notified),
-            preempt_notified=frozenset(self.preempt_notified),
-            preempted=frozenset(key for key, state in states.items() if state == "preempted"),
+            preempt_notified=dict(self.preempt_notified),
+            preempted=frozenset(journal.facts.with_prefix(PREEMPTED)),
         )
 
     # --- what the loop records as it dispatches -------------------------------------------
@@ -148,9 +154,9 @@ class Remembered:
                 self.warnings_sent.discard((sent_key, seconds))
                 journal.facts.delete(f"warned:{seconds}:{key}")
 
-    def preempt_noticed(self, key: str, journal: Journal, now: datetime) -> None:
-        self.preempt_notified.add(key)
-        journal.facts.set(PREEMPT_NOTIFIED + key, now.isoformat())
+    def preempt_noticed(self, key: str, stop_at: datetime, journal: Journal) -> None:
+        self.preempt_notified[key] = stop_at
+        journal.facts.set(PREEMPT_NOTIFIED + key, stop_at.isoformat())
 
     def cancel_noticed(self, key: str, journal: Journal, now: datetime) -> None:
         self.cancel_notified.add(key)

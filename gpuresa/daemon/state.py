@@ -7,10 +7,9 @@ outlive reloads.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from gpuresa.backends.engines.output_service import OutputService
 from gpuresa.backends.factory import open_backend
@@ -99,14 +98,15 @@ class Context:
             origins=journal.reservations.origins(),
             preemptible=frozenset(preemptible),
         )
+        first_seen = journal.reservations.first_seen_times()
         report = self.calendars.poll(
             now,
-            first_seen=journal.reservations.first_seen_times(),
+            first_seen=first_seen,
             holding=frozenset(held | holding.keys()),
             claims=claims,
         )
         found = report.reservations
-        _remember_preemptible(journal, found.reservations, preemptible, now, now - recent)
+        _remember_preemptible(journal, found.reservations, preemptible, first_seen, now)
         new_rejections = self.journal.reservations.record(found.reservations, found.rejected, now)
         for reservation in found.reservations:
             if reservation.host == host and self.journal.states.get(reservation.key) in (
@@ -140,14 +140,14 @@ def _remember_preemptible(
     journal: Journal,
     reservations: Iterable[Reservation],
     known: Mapping[str, str],
+    first_seen: Mapping[str, datetime],
     now: datetime,
-    kept_for: timedelta,
 ) -> None:
-    """Note each booking seen preemptible, which stays so; forget those long gone."""
+    """Note each booking seen preemptible, which stays so as long as the journal keeps its
+    first sighting (its rank in an over-booking): gone for a poll or for a week, it comes
+    back preemptible."""
     seen = {reservation.key for reservation in reservations if reservation.preemptible}
     for key in seen - set(known):
         journal.facts.set(PREEMPTIBLE_FACT + key, now.isoformat())
-    for key, since in known.items():
-        with contextlib.suppress(ValueError):
-            if key not in seen and now - datetime.fromisoformat(since) > kept_for:
-                journal.facts.delete(PREEMPTIBLE_FACT + key)
+    for key in set(known) - seen - set(first_seen):
+        journal.facts.delete(PREEMPTIBLE_FACT + key)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from gpuresa.config.sections import Config
+from gpuresa.daemon.memory import PREEMPTED
 from gpuresa.daemon.notices import Notices
 from gpuresa.daemon.records import session_from_record, session_record
 from gpuresa.journal.store import Journal
@@ -127,6 +128,9 @@ class Work:
         if told and session is not None and action.reason in ENDS_TOLD:
             # what the end notice needs, should a restart interrupt this stop
             self.journal.facts.set(f"stopping:{key}", session_record(session, action.reason))
+        if action.reason == "preempted":
+            # done for good: never started again, whatever its state says later
+            self.journal.facts.set(PREEMPTED + key, now.isoformat())
         self.runtime.stop(key, action.grace)
         self.journal.states.set(key, FINAL_STATE[action.reason], now, action.reason)
         self.journal.facts.delete(f"missing:{key}")

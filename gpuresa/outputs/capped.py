@@ -55,6 +55,10 @@ from gpuresa.sessions.labels import safe_key
 
 log = logging.getLogger(__name__)
 
+# what "auto" gives a preemptible session of its GPUs' share: a firm session prepared
+# while one still runs on all the host's GPUs (it is stopped before that session starts)
+# then finds room for its own cap, and the disk is never promised twice
+PREEMPTIBLE_SHARE = 0.5
 # what "auto" never goes below: a cap smaller than this is a refusal
 SMALLEST_AUTO_CAP = 1024**3
 # "auto" on a host without GPUs (demos, tests): the share of one session in this many
@@ -78,31 +82,14 @@ def image_path(config: Config, key: str) -> Path:
     return store(config) / f"{safe_key(key)}.img"
 
 
-def yielding_mark(image: Path) -> Path:
-    """The mark beside a preemptible session's image: its promise yields to firm sessions."""
-    return image.with_suffix(".preemptible")
-
-
-def committed_bytes(config: Config, firm_only: bool = False) -> int:
-    """What the images of the store may still grow: their sizes less the blocks they hold.
-
-    `firm_only`: leave out preemptible sessions' images, which give way to a firm
-    session (stopped before it starts): they never shrink a firm session's cap.
-    """
+def committed_bytes(config: Config) -> int:
+    """What the images of the store may still grow: their sizes less the blocks they hold."""
     total = 0
     with contextlib.suppress(OSError):
         for image in store(config).glob("*.img"):
-            if firm_only and yielding_mark(image).exists():
-                continue
             details = image.lstat()
             total += max(0, details.st_size - details.st_blocks * 512)
     return total
-
-
-def remove_image(image: Path) -> None:
-    """Remove an output image and its mark (if any); gone counts as removed."""
-    image.unlink(missing_ok=True)
-    yielding_mark(image).unlink(missing_ok=True)
 
 
 def session_cap(
@@ -113,9 +100,9 @@ def session_cap(
     `session_quota` is a size, "none", or "auto": what the output disk has
     free above `free_refuse` (less what running images may still grow) times
     the booked GPUs over the host's GPUs (a session without GPUs counts one;
-    a host without GPUs gives each session 1/`SHARES_WITHOUT_GPUS`). A firm
-    session does not count what preemptible sessions' images may grow.
-    Raises `OSError` when the disk cannot be measured for "auto".
+    a host without GPUs gives each session 1/`SHARES_WITHOUT_GPUS`), and
+    `PREEMPTIBLE_SHARE` of that for a preemptible session. Raises `OSError`
+    when the disk cannot be measured for "auto".
     """
     text = (config.storage.session_quota or "none").strip().lower()
     if text == "none":
@@ -124,21 +111,22 @@ def session_cap(
         return free_bytes(text, 0)
     state = measure(config.storage, config.daemon.state_dir)
     room = state.free - free_bytes(config.storage.free_refuse, state.total)
-    room -= committed_bytes(config, firm_only=not preemptible)
+    room -= committed_bytes(config)
     shares = host_gpus or SHARES_WITHOUT_GPUS
     share = max(1, booked_gpus) / max(shares, booked_gpus)
+    if preemptible:
+        share *= PREEMPTIBLE_SHARE
     return max(0, int(room * share))
 
 
-def cap_refusal(config: Config, limit: int, preemptible: bool = False) -> str | None:
-    """Why a new output image of `limit` bytes may not be made now, or None (a firm
-    session's: preemptible sessions' images do not count)."""
+def cap_refusal(config: Config, limit: int) -> str | None:
+    """Why a new output image of `limit` bytes may not be made now, or None."""
     try:
         state = measure(config.storage, config.daemon.state_dir)
     except OSError as error:
         return f"the output disk cannot be measured: {error}"
     keep = free_bytes(config.storage.free_refuse, state.total)
-    promised = committed_bytes(config, firm_only=not preemptible)
+    promised = committed_bytes(config)
     if (config.storage.session_quota or "").strip().lower() == "auto":
         # the cap is this room's share, measured a moment ago: measured again it may be a
         # few blocks less (anything writing meanwhile), which is no reason to refuse
@@ -167,9 +155,7 @@ def _run(*command: str) -> None:
         raise OSError(f"{' '.join(command[:2])}…: {result.stderr.strip() or result.returncode}")
 
 
-def mount_capped(
-    config: Config, key: str, folder: Path, limit: int, preemptible: bool = False
-) -> None:
+def mount_capped(config: Config, key: str, folder: Path, limit: int) -> None:
     """Mount a fresh (or the existing) image of `limit` bytes at the running `folder`.
 
     Nothing happens when `folder` is already a mount (a session made again).
@@ -190,7 +176,7 @@ def mount_capped(
     made = False
     try:
         if not image.exists():
-            refusal = cap_refusal(config, limit, preemptible)
+            refusal = cap_refusal(config, limit)
             if refusal is not None:
                 raise SessionError(f"session {key}: {refusal}")
             descriptor = os.open(image, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -199,8 +185,6 @@ def mount_capped(
                 os.ftruncate(descriptor, limit)
             finally:
                 os.close(descriptor)
-            if preemptible:
-                yielding_mark(image).touch(mode=0o600, exist_ok=False)
             _run(*MKFS, str(image))
         _run("mount", "-t", "ext4", "-o", MOUNT_OPTIONS, str(image), str(folder))
         # mkfs's lost+found would be the first thing in the user's output
@@ -208,7 +192,7 @@ def mount_capped(
             (folder / "lost+found").rmdir()
     except OSError as error:
         if made:
-            remove_image(image)
+            image.unlink(missing_ok=True)
         raise SessionError(
             f"session {key}: its output cannot be capped at {gibibytes(limit)} "
             f"(a filesystem image mounted with loop): {error}"
@@ -245,7 +229,7 @@ def cap_output(
             except OSError as error:
                 log.warning("%s: project quota refused (%s); using an image instead", key, error)
     if limit is not None:
-        mount_capped(config, key, folder, limit, preemptible)
+        mount_capped(config, key, folder, limit)
 
 
 def release_capped(config: Config, key: str, running: Path, stored: Path) -> None:
@@ -281,7 +265,7 @@ def release_capped(config: Config, key: str, running: Path, stored: Path) -> Non
     finally:
         with contextlib.suppress(OSError):
             reader.rmdir()
-    remove_image(image)
+    image.unlink(missing_ok=True)
     log.info("%s: output copied out of its image into %s", key, stored)
 
 
@@ -320,7 +304,7 @@ def discard_image(config: Config, key: str) -> bool:
             _run("umount", str(point))
     image = image_path(config, key)
     found = image.is_file()
-    remove_image(image)
+    image.unlink(missing_ok=True)
     remove_tree(stored_path(config, key))
     forget(config, key)
     log.info("%s: output kept in its image %s removed (retention over)", key, image)

@@ -44,7 +44,7 @@ class Memory:
         there), skipped when ports are chosen;
     changes_notified: (key, change) pairs whose user was already told that a
         running session keeps what it started with;
-    preempt_notified: keys of preemptible sessions already told they must stop;
+    preempt_notified: the stop time each preemptible session was last told of;
     preempted: keys whose preemptible session was stopped for a firm booking:
         done, not started again.
     """
@@ -58,7 +58,7 @@ class Memory:
     stopping: frozenset[str] = frozenset()
     refused_ports: frozenset[int] = frozenset()
     changes_notified: frozenset[tuple[str, str]] = frozenset()
-    preempt_notified: frozenset[str] = frozenset()
+    preempt_notified: Mapping[str, datetime] = field(default_factory=dict)
     preempted: frozenset[str] = frozenset()
 
     def missing_deadline(self, key: str, now: datetime, config: Config) -> datetime:

@@ -112,6 +112,8 @@ def plan(
             held_by.append(
                 Holding(key, session.gpu_indices, _ports_of(session), session.start, end)
             )
+            if preemptible:
+                soft.running.append(key)  # it gives way until its grace is over, too
             actions.extend(_missing_notices(session, now, config, memory))
             continue
         if session.state == "created":

@@ -129,7 +129,8 @@ def deadlines(
         until = holding.end
         for other in firm:
             shared = set(other.gpus) & set(holding.gpus)
-            if shared and other.end > now and other.start < holding.end:
+            overlaps = other.start < holding.end and holding.start < other.end
+            if shared and overlaps and other.end > now:
                 until = min(until, gone_before(other.start, config))
         found[holding.key] = max(until, now)
     return found
@@ -206,7 +207,8 @@ def give_way(
             actions = [action for action in actions if action.key != key]
             actions.append(Stop(key, reason="preempted", grace=daemon.stop_grace))
             soft.stopping.add(key)
-        elif now >= until - daemon.preempt_notice and key not in memory.preempt_notified:
+        elif now >= until - daemon.preempt_notice and memory.preempt_notified.get(key) != until:
+            # told of this stop time (a new one, earlier or later, is told again)
             actions.append(NotifyPreempt(key, stop_at=until))
     for session, reservation in soft.prepared:
         key, until = session.key, soft.until[session.key]

@@ -103,15 +103,27 @@ class SessionCgroup:
         return [int(line) for line in text.split() if line.isdigit()]
 
     def signal(self, pids: Iterable[int], number: signal.Signals) -> int:
-        """Send `number` to each of `pids` still in the cgroup; returns how many were sent."""
-        members = set(self.members())
-        sent = 0
+        """Send `number` to each of `pids` still in the cgroup; returns how many were sent.
+
+        Each process is held by a pidfd before the cgroup is read: a pid that a
+        process outside the session took over meanwhile is never signalled.
+        """
+        held: dict[int, int] = {}
         for pid in pids:
-            if pid not in members:
-                continue
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, number)
-                sent += 1
+            with contextlib.suppress(OSError):
+                held[pid] = os.pidfd_open(pid)
+        sent = 0
+        try:
+            members = set(self.members())
+            for pid, descriptor in held.items():
+                if pid not in members:
+                    continue
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pidfd_send_signal(descriptor, number)
+                    sent += 1
+        finally:
+            for descriptor in held.values():
+                os.close(descriptor)
         return sent
 
     def kill_all(self, settle: float = 10.0) -> bool:
