@@ -389,11 +389,13 @@ def test_a_booking_on_podman_runs_in_its_own_user_namespace_and_survives_a_kill(
     podman_stack: Stack, podman_harness: DockerHarness, capsys: pytest.CaptureFixture[str]
 ) -> None:
     stack = podman_stack
-    start = next_second(10)
+    # time for a daemon starting on a loaded machine to prepare it ahead, as in service
+    start = next_second(25)
     end = start + timedelta(seconds=14)
     stack.book("podman-1", start, end, "alice", "template: pytorch")
     stack.start_daemon()
-    prepared = wait_for(lambda: stack.session("podman-1"), 15, "the prepared session")
+    prepared = wait_for(lambda: stack.session("podman-1"), 30, "the prepared session")
+    assert datetime.now(UTC) < start, "prepared only after its start"
     port = prepared.ssh_port
     client, ready = wait_for(
         lambda: stack.timed_login(port),
