@@ -189,13 +189,18 @@ def test_a_session_runs_as_the_login_with_its_folders(site: Site) -> None:
     assert adopted[spec.key].ssh_port == spec.ssh_port
     # the GPU tracker tells the session's processes by their cgroup; a host process has none
     _, roles = site.backend().sessions_and_units()
-    members = backend.cgroup(spec.key).members()
-    # a member may exit between the listing and the reading (the login's own sshd child), and
-    # wait a moment to be reaped: a zombie is in no cgroup any more
-    owners = {(pid, container_of(pid)) for pid in members}
-    seen = {owner for pid, owner in owners if owner is not None or alive(pid)}
-    assert members and seen == set(roles)
-    assert roles[str(container_of(members[0]))] == (spec.key, "main")
+
+    def owners_seen() -> set[str | None] | None:
+        members = backend.cgroup(spec.key).members()
+        # a member may exit between the listing and the reading (the login's own sshd child),
+        # and wait a moment to be reaped: a zombie is in no cgroup any more
+        owners = {(pid, container_of(pid)) for pid in members}
+        seen = {owner for pid, owner in owners if owner is not None or alive(pid)}
+        return seen if members and seen == set(roles) else None
+
+    # a login's processes still exiting settle within moments; one outside the session never
+    assert wait_for(owners_seen, 10, "every member of the session's cgroup to be its own")
+    assert roles[str(container_of(backend.cgroup(spec.key).members()[0]))] == (spec.key, "main")
     assert container_of(os.getpid()) is None
     site.backend().extend(spec.key, spec.end + timedelta(hours=1))
     site.backend().message(spec.key, "ten minutes left")
