@@ -112,6 +112,11 @@ class Remembered:
             del self.preempt_notified[key]
             journal.facts.delete(PREEMPT_NOTIFIED + key)
         states = journal.states.all()
+        # a preempted booking stays done while the calendars show it; then its note goes
+        preempted = set(journal.facts.with_prefix(PREEMPTED))
+        for key in preempted - wanted - present:
+            preempted.discard(key)
+            journal.facts.delete(PREEMPTED + key)
         specs: dict[str, SessionSpec | None] = {
             key: entry.payload if isinstance(entry.payload, SessionSpec) else None
             for key, entry in in_flight.items()
@@ -130,7 +135,7 @@ class Remembered:
             refused_ports=frozenset(self.refused_ports),
             changes_notified=frozenset(self.changes_notified),
             preempt_notified=dict(self.preempt_notified),
-            preempted=frozenset(journal.facts.with_prefix(PREEMPTED)),
+            preempted=frozenset(preempted),
         )
 
     # --- what the loop records as it dispatches -------------------------------------------
