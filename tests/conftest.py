@@ -55,6 +55,16 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+@pytest.fixture(autouse=True)
+def _ports_given_back() -> Iterator[None]:
+    """The ports a test reserved (`support.configs.free_ports`) are free for others after
+    it, and after everything it started has gone (this is torn down last)."""
+    yield
+    from support.configs import release_ports
+
+    release_ports()
+
+
 def wait_for_port(port: int, timeout: float, what: str, process: Any = None) -> None:
     """Wait until 127.0.0.1:port accepts a connection; fail the test after `timeout`."""
     deadline = time.monotonic() + timeout
@@ -101,6 +111,8 @@ SHARED = (
     ("udocker", ("test_udocker", "[udocker]")),
     # the tests that kill the rootful Podman API service (and start it again as setup does)
     ("podman-service", ("test_forwarding.py::test_a_session_works_on_ports",)),
+    # the runs inside a run that check for leftovers: one's deliberate leak is not the other's
+    ("leftover-checks", ("test_host_holds.py::test_a_run_that_",)),
 )
 
 

@@ -391,7 +391,8 @@ def test_a_booking_on_podman_runs_in_its_own_user_namespace_and_survives_a_kill(
     stack = podman_stack
     # time for a daemon starting on a loaded machine to prepare it ahead, as in service
     start = next_second(25)
-    end = start + timedelta(seconds=14)
+    # long enough for a login, a kill and a restart on a loaded machine before its end
+    end = start + timedelta(seconds=30)
     stack.book("podman-1", start, end, "alice", "template: pytorch")
     stack.start_daemon()
     prepared = wait_for(lambda: stack.session("podman-1"), 30, "the prepared session")
@@ -423,6 +424,7 @@ def test_a_booking_on_podman_runs_in_its_own_user_namespace_and_survives_a_kill(
     from gpuresa.cli import main
 
     assert main(["status", "--config", str(stack.config_file), "--json"]) == 0
+    assert datetime.now(UTC) < end, "the session ended before its status was read"
     assert str(session.id_range) in capsys.readouterr().out
 
     grace = stack.config.daemon.stop_grace

@@ -9,7 +9,9 @@ URL with its credentials), one host with free ports on 127.0.0.1 for
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import os
 import random
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -31,18 +33,85 @@ BASE: Mapping[str, Any] = {
 
 
 def free_ports(size: int) -> int:
-    """The first of `size` consecutive free ports on 127.0.0.1, below the ephemeral range.
+    """The first of `size` consecutive free ports on 127.0.0.1, below the ephemeral range,
+    reserved for this test until `release_ports` (see `PORT_RESERVATIONS`).
 
     A port in the kernel's ephemeral range (`ip_local_port_range`, 32768-60999
     by default) may be the local end of any outgoing connection meanwhile (to
     the engine, a relay, a calendar), and the engine then cannot bind it: the
     test would see "taken by another program". Random, so that tests running
-    at once rarely pick the same block.
+    at once rarely try the same block, and reserved, so that a block free now
+    but bound only later is never handed to a test beside it.
     """
     low = 32768
     with contextlib.suppress(OSError, ValueError):
         low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    return free_port_block(size, random.randint(min(10000, low // 2), low - 1000))
+    for _ in range(100):
+        first = free_port_block(size, random.randint(min(10000, low // 2), low - 1000))
+        if _reserve(range(first, first + size)):
+            return first
+    raise RuntimeError(f"no {size} free ports that no other test holds")
+
+
+# one file per port a test process holds, naming its pid: pytest-xdist's workers (and the
+# runs inside a run) each pick ports, and a file made with O_EXCL is taken by one only
+PORT_RESERVATIONS = Path("/tmp/gpuresa-test-ports")
+_held: list[Path] = []
+
+
+def _reserve(ports: range) -> bool:
+    """Reserve every port of `ports` for this process, or none of them."""
+    PORT_RESERVATIONS.mkdir(mode=0o700, exist_ok=True)
+    taken: list[Path] = []
+    for port in ports:
+        path = PORT_RESERVATIONS / str(port)
+        if not _take(path):
+            for mine in taken:
+                mine.unlink(missing_ok=True)
+            return False
+        taken.append(path)
+    _held.extend(taken)
+    return True
+
+
+def _take(path: Path) -> bool:
+    for _ in range(2):
+        try:
+            descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        except FileExistsError:
+            if _holder_alive(path):
+                return False
+            path.unlink(missing_ok=True)  # a process that died holding it
+            continue
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(str(os.getpid()))
+        return True
+    return False
+
+
+def _holder_alive(path: Path) -> bool:
+    try:
+        pid = int(path.read_text() or "0")
+    except (OSError, ValueError):
+        return True  # being written: its maker is alive
+    if pid == 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def release_ports() -> None:
+    """Give back the ports this process reserved (at the end of each test, and its own)."""
+    while _held:
+        _held.pop().unlink(missing_ok=True)
+
+
+atexit.register(release_ports)
 
 
 def config_of(*layers: Mapping[str, Any], base: bool = True, source: str = "test.toml") -> Config:

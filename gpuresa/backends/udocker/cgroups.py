@@ -13,6 +13,7 @@ restart, and for the stop: frozen (no fork escapes), SIGKILLed, thawed.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -158,16 +159,32 @@ class SessionCgroup:
                 return False
             time.sleep(POLL)
 
-    def remove(self) -> None:
-        """Remove the (empty) folders; logs, never raises."""
+    def remove(self, settle: float = 5.0) -> None:
+        """Remove the (emptied) folders; logs, never raises.
+
+        A killed process leaves `cgroup.procs` a moment before the kernel lets its
+        cgroup go (rmdir says EBUSY meanwhile), and one being placed there as the
+        kill ran may still arrive: each busy folder is tried again, its members
+        killed again, for up to `settle` seconds.
+        """
+        deadline = time.monotonic() + settle
         for name in self.controllers():
             folder = self.folder(name)
-            try:
-                folder.rmdir()
-            except FileNotFoundError:
-                pass
-            except OSError as error:
-                log.warning("cannot remove cgroup %s: %s", folder, error)
+            while True:
+                try:
+                    folder.rmdir()
+                except FileNotFoundError:
+                    break
+                except OSError as error:
+                    if error.errno != errno.EBUSY or time.monotonic() > deadline:
+                        log.warning("cannot remove cgroup %s: %s", folder, error)
+                        break
+                    for pid in self.members():
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signal.SIGKILL)
+                    time.sleep(POLL)
+                else:
+                    break
 
 
 def listed(host: str, root: Path = CGROUP_ROOT) -> list[str]:
