@@ -35,6 +35,7 @@ bench: setup
 	$(VENV)/python benchmarks/bench_telemetry.py
 	$(VENV)/python benchmarks/bench_grr.py
 	$(VENV)/python benchmarks/bench_slurm.py
+	$(VENV)/python benchmarks/bench_report.py
 
 clean:
 	rm -rf .venv .pytest_cache .mypy_cache .ruff_cache

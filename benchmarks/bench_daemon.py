@@ -12,12 +12,17 @@ process, books reservations with the caldav client and prints a table:
 * idle cost: CPU seconds and resident memory of the daemon over 60 s with 50
   upcoming reservations in the calendar, at two poll intervals.
 
-Usage: .venv/bin/python benchmarks/bench_daemon.py [--sessions 5]
+With `--write-back`, only the start latency, with 1,000 (`--bookings`) more
+bookings in the calendar, all refused, with calendar write-back off and then
+"event" (each refusal written into its event while the sessions start).
+
+Usage: .venv/bin/python benchmarks/bench_daemon.py [--sessions 5] [--write-back]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import statistics
@@ -50,6 +55,7 @@ from gpuresa.backends.engines import Runtime
 from gpuresa.commands.host_commands import release_host
 from gpuresa.config.reading import load_config
 from gpuresa.config.sections import Config
+from gpuresa.journal.store import Journal
 
 HOST = f"bench-{os.getpid()}"
 
@@ -59,8 +65,11 @@ def port_block(size: int) -> int:
     return free_ports(size)
 
 
-def write_config(directory: Path, calendar_url: str, radicale: Any, poll: str) -> Config:
-    """The daemon's config: the CalDAV calendar at `calendar_url`, ten sessions at once."""
+def write_config(
+    directory: Path, calendar_url: str, radicale: Any, poll: str, write_back: str = "off"
+) -> Config:
+    """The daemon's config: the CalDAV calendar at `calendar_url`, ten sessions at once,
+    its `write_back` as given."""
     file = write_daemon_config(
         directory,
         host=HOST,
@@ -70,6 +79,10 @@ def write_config(directory: Path, calendar_url: str, radicale: Any, poll: str) -
         gpus=range(8),
         daemon=f'poll_interval = "{poll}"\nprepare_ahead = "8s"\nstop_grace = "2s"\n'
         'warnings = ["5s"]',
+    )
+    text = file.read_text()
+    file.write_text(
+        text.replace("[[calendars]]\n", f'[[calendars]]\nwrite_back = "{write_back}"\n', 1)
     )
     return load_config(file)
 
@@ -99,11 +112,26 @@ def first_login(port: int, key_file: Path, deadline: float) -> float | None:
     return None
 
 
-def latency(directory: Path, count: int) -> tuple[list[float], list[float]]:
+def latency(
+    directory: Path, count: int, write_back: str = "off", background: int = 0
+) -> tuple[list[float], list[float]]:
+    """Start and end latencies of `count` sessions, with `background` more bookings in the
+    calendar, each refused (an unknown template): with write-back on, each refusal is
+    written into its event while the sessions start."""
     radicale = start_radicale(directory / "radicale")
     try:
         calendar = radicale.new_calendar("bench")
-        config = write_config(directory, str(calendar.url), radicale, "5s")
+        config = write_config(directory, str(calendar.url), radicale, "5s", write_back)
+        later = datetime.now(UTC).replace(microsecond=0) + timedelta(hours=1)
+        for index in range(background):
+            start = later + timedelta(minutes=index)
+            calendar.save_event(
+                dtstart=start,
+                dtend=start + timedelta(minutes=1),
+                summary="alice",
+                uid=f"background-{index}",
+                description="template: no-such-template\ngpus: 1",
+            )
         runtime = Runtime(config)
         runtime.ensure_image("pytorch", None)
         runtime.ensure_ftp_image()  # starts never build images
@@ -122,6 +150,7 @@ def latency(directory: Path, count: int) -> tuple[list[float], list[float]]:
             )
             bookings.append((f"bench-{index}", start, end))
         daemon = DaemonProcess(Path(config.source), directory / "daemon.log")
+        started = time.time()
         starts: list[float] = []
         ends: list[float] = []
         lock = threading.Lock()
@@ -159,6 +188,8 @@ def latency(directory: Path, count: int) -> tuple[list[float], list[float]]:
         finally:
             daemon.terminate()
             _remove_sessions(config)
+        if write_back != "off":
+            _print_written(config, started)
         return starts, ends
     finally:
         radicale.stop()
@@ -279,7 +310,17 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=5)
     parser.add_argument("--idle-seconds", type=int, default=60)
     parser.add_argument("--hostile-rounds", type=int, default=3)
+    parser.add_argument(
+        "--write-back",
+        action="store_true",
+        help="only the start latency, with --bookings refused bookings in the calendar, "
+        'with calendar write-back "off" and then "event"',
+    )
+    parser.add_argument("--bookings", type=int, default=1000)
     arguments = parser.parse_args()
+    if arguments.write_back:
+        write_back_rows(arguments.sessions, arguments.bookings)
+        return
     with tempfile.TemporaryDirectory(prefix="gpuresa-bench-") as temporary:
         root = Path(temporary)
         starts, ends = latency(root / "latency", arguments.sessions)
@@ -312,6 +353,35 @@ def main() -> None:
     print(f"\n{'idle daemon, 50 upcoming reservations':<40} {cpu_heading:>14} {'RSS MiB':>9}")
     for poll, used, memory in idle_rows:
         print(f"{'poll every ' + poll:<40} {used:>14.2f} {memory:>9.1f}")
+
+
+def _print_written(config: Config, started: float) -> None:
+    """How many states the daemon wrote back, and when the last one was written."""
+    journal = Journal(config.daemon.state_dir / "journal.sqlite", read_only=True)
+    with contextlib.closing(journal):
+        rows = journal.writeback.of_calendars([calendar.name for calendar in config.calendars])
+    written = [row.written_at for row in rows if row.written_at is not None]
+    last = max(written).timestamp() - started if written else float("nan")
+    print(f"write-back: {len(written)} of {len(rows)} states written, the last {last:.0f} s "
+          "after the daemon's start")  # fmt: skip
+
+
+def write_back_rows(sessions: int, bookings: int) -> None:
+    """The start latency with `bookings` refused bookings, write-back off, then on."""
+    rows = []
+    for mode in ("off", "event"):
+        with tempfile.TemporaryDirectory(prefix="gpuresa-bench-") as temporary:
+            starts, _ = latency(Path(temporary) / "latency", sessions, mode, bookings)
+            rows.append((mode, starts))
+    print(f"\n{'start latency, ' + str(bookings) + ' bookings refused':<52} {'n':>3} "
+          f"{'median':>9} {'max':>9}")  # fmt: skip
+    for mode, starts in rows:
+        name = f"write_back = {mode!r}"
+        if starts:
+            print(f"{name:<52} {len(starts):>3} {statistics.median(starts):>9.2f} "
+                  f"{max(starts):>9.2f}")  # fmt: skip
+        else:
+            print(f"{name:<52} {0:>3} {'-':>9} {'-':>9}")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "gpuresa.commands.output_commands",
     "gpuresa.commands.trust_commands",
     "gpuresa.commands.host_commands",
+    "gpuresa.commands.report_commands",
 )
 
 Handler = Callable[[argparse.Namespace], int | None]

@@ -101,6 +101,8 @@ class Rejection:
     end: datetime | None = None
     # the event has no UID: `uid` is derived from its content (gpuresa.ical.text)
     uid_derived: bool = False
+    # the calendar object (href or file name) it was read from, where known
+    href: str = ""
 
 
 @dataclass(frozen=True)

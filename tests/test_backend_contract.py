@@ -190,6 +190,18 @@ def test_a_new_backend_object_adopts_what_runs(contract: Contract) -> None:
     assert session.end == spec.end.replace(microsecond=0) or session.end == spec.end
 
 
+def test_a_session_is_used_once_its_user_logs_in_and_not_before(contract: Contract) -> None:
+    """What no-shows rest on (`used`): a running session nobody logged into is unused, a
+    login makes it used; a session that is not there tells nothing."""
+    backend, spec = contract.backend, contract.spec()
+    assert backend.used(spec.key) is None
+    session = backend.start(spec)
+    assert backend.used(spec.key) is False
+    login_user(contract, session, "true")
+    wait_for(lambda: backend.used(spec.key), 10, "the login in the session's log")
+    assert contract.make().used(spec.key) is True
+
+
 def test_extend_and_message_are_shown_in_the_session(contract: Contract) -> None:
     spec = contract.spec()
     session = contract.backend.start(spec)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from gpuresa.cli import main
-from gpuresa.config import calendar_sections, reporting_sections, sections
+from gpuresa.config import calendar_sections, reporting_sections, rules_sections, sections
 from gpuresa.config.loading import read_secret
 from gpuresa.config.reading import load_config, parse_config
 from gpuresa.config.schema import Invalid, PortRange, format_duration, parse_duration
@@ -75,6 +75,7 @@ SECTIONS: dict[str, type] = {
     "notify": reporting_sections.NotifyConfig,
     "telemetry": reporting_sections.TelemetryConfig,
     "slurm": sections.SlurmConfig,
+    "rules": rules_sections.RulesConfig,
 }
 # a commented key line ending with this shows an example value of a key unset by default
 EXAMPLE_MARK = "# example; unset by default"

@@ -244,7 +244,9 @@ def test_a_long_image_build_does_not_hold_up_other_sessions(
     finally:
         daemon.shutdown()
         docker_harness.remove_all()
-        for image in docker_harness.client.images.list(filters={"label": "gpuresa.template=slow"}):
+        slow = docker_harness.client.images.list(filters={"label": "gpuresa.template=slow"})
+        # an image built on another (which inherits its labels) goes first
+        for image in sorted(slow, key=lambda item: item.attrs["Created"], reverse=True):
             docker_harness.client.images.remove(image.id, force=True)
 
 

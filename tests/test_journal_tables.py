@@ -21,6 +21,7 @@ import pytest
 from gpuresa.journal.database import Table, guarded_methods, reads, writes
 from gpuresa.journal.guard import GuardedJournal
 from gpuresa.journal.store import Journal
+from gpuresa.journal.writeback import WriteBackRow
 from gpuresa.model import Rejection, Reservation
 
 NOW = datetime(2024, 5, 3, 12, 0, tzinfo=UTC)
@@ -75,6 +76,26 @@ SAMPLES: dict[str, object] = {
     "retention": timedelta(days=1),
     "reservations": [RESERVATION],
     "rejected": [REJECTION],
+    "row": WriteBackRow(
+        key="r1",
+        calendar="gpu1",
+        uid="r1",
+        href="/gpuresa/gpu1/r1.ics",
+        state="running",
+        detail="ssh -p 2201 alice@gpu1",
+        text="Running on gpu1.",
+        summary="alice",
+        start=NOW,
+        end=NOW + timedelta(hours=1),
+        queued_at=NOW,
+        attempts=0,
+        last_error=None,
+        next_try=NOW,
+        written_at=None,
+    ),
+    "queued_at": NOW,
+    "before": NOW,
+    "calendars": ["gpu1"],
 }
 
 

@@ -21,6 +21,7 @@ from gpuresa.inert import echo
 from gpuresa.journal.store import Journal
 from gpuresa.observe.free import free_report
 from gpuresa.outputs.disk import disk_report
+from gpuresa.writeback.standing import write_back_status
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -194,6 +195,8 @@ def status_report(config: Config, now: datetime) -> dict[str, Any]:
             }
             for name, calendar in journal.calendars.all().items()
         }
+        # each calendar whose states are written back, and how that stands
+        report["write_back"] = write_back_status(journal, config)
         report["outbox"] = outbox_report(journal)
         pid = journal.facts.get("daemon_pid")
         report["daemon_pid"] = int(pid) if pid else None
@@ -291,7 +294,8 @@ def status_command(arguments: argparse.Namespace) -> int:
             else "never read"
         )
         error = f"; last error: {item['last_error']}" if item["last_error"] else ""
-        echo(f"  {name}: {freshness}{error}")
+        written = report.get("write_back", {}).get(name)
+        echo(f"  {name}: {freshness}{error}" + (f"; write-back {written}" if written else ""))
     outbox = report["outbox"]
     echo(f"\noutbox: {outbox['backlog']} e-mail(s) waiting")
     for item in outbox["oldest"]:
@@ -354,6 +358,8 @@ def history_command(arguments: argparse.Namespace) -> int:
 def plan_command(arguments: argparse.Namespace) -> int:
     from gpuresa.backends.factory import open_backend
     from gpuresa.daemon import journal_path
+    from gpuresa.fairshare.check import is_rule_refusal
+    from gpuresa.fairshare.history import RuleHistory, rule_history
     from gpuresa.journal.store import Journal
     from gpuresa.planning.facts import Inventory, Memory
     from gpuresa.planning.planner import plan
@@ -361,22 +367,31 @@ def plan_command(arguments: argparse.Namespace) -> int:
 
     config = load_config(arguments.config)
     now = parse_instant(arguments.at, "--at") if arguments.at else datetime.now(UTC)
-    report = Calendars(config, persist=False).poll(now)
-    runtime = open_backend(config)
-    sessions = runtime.list_sessions()
-    inventory = Inventory(config.host(), runtime.host_gpus())
     known: frozenset[str] = frozenset()
+    history = RuleHistory()
     if journal_path(config).exists():
         journal = Journal(journal_path(config), read_only=True)
         try:
             known = frozenset(journal.states.all())
+            if config.rules.active:
+                # the fair-share rules weigh bookings as the daemon does: by first sight
+                history = rule_history(journal, config, now)
         finally:
             journal.close()
+    report = Calendars(config, persist=False).poll(
+        now, first_seen=history.first_seen, holding=history.holding, used=history.used
+    )
+    runtime = open_backend(config)
+    sessions = runtime.list_sessions()
+    inventory = Inventory(config.host(), runtime.host_gpus())
     mine = [item for item in report.reservations.reservations if item.host == config.daemon.host]
     actions = plan(mine, sessions, inventory, now, config, Memory(known=known))
     echo(f"at {now.isoformat()} on {config.daemon.host}: {len(actions)} action(s)")
     for action in actions:
         echo(f"  {action.describe()}")
+    for rejection in report.reservations.rejected:
+        if is_rule_refusal(rejection):
+            echo(f"  refuse {rejection.key} ({rejection.user}): {rejection.reason}")
     # sessions of this host name that another installation made: shown, never acted on
     others = getattr(runtime, "foreign_sessions", None)
     for session in others() if callable(others) else []:

@@ -16,6 +16,9 @@ from gpuresa.config.calendar_sections import CalendarConfig
 from gpuresa.config.reading import load_config
 from gpuresa.config.sections import Config
 from gpuresa.errors import UserError
+from gpuresa.fairshare.check import RuleFacts
+from gpuresa.fairshare.history import RuleHistory, rule_history
+from gpuresa.fairshare.host_groups import host_members
 from gpuresa.inert import echo, inert
 from gpuresa.model import Rejection, Reservation, ReservationSet
 from gpuresa.reservations.conflicts import site_time
@@ -90,17 +93,39 @@ def reservations_command(arguments: argparse.Namespace) -> int:
             )
         window = (window_start, window_end)
         objects = {calendar.name: _read_source(config, calendar, window) for calendar in calendars}
+    now = datetime.now(UTC)
+    history = _rule_history(config, now)
     found = read_reservations(
         config,
         {name: list(items.items()) for name, items in objects.items()},
         window_start,
         window_end,
+        first_seen=history.first_seen,
+        holding=history.holding,
+        rule_facts=RuleFacts(
+            now, history.used, host_members(config.rules) if config.rules.active else {}
+        ),
     )
     if arguments.json:
         print(json.dumps(as_json(found), indent=2))
     else:
         print_table(found, zone, window_start, window_end)
     return 0
+
+
+def _rule_history(config: Config, now: datetime) -> RuleHistory:
+    """What the daemon's journal says, for the fair-share rules (which weigh bookings by
+    when the daemon first saw them); nothing when no rule is set or no journal is kept."""
+    from gpuresa.daemon import journal_path
+    from gpuresa.journal.store import Journal
+
+    if not config.rules.active or not journal_path(config).exists():
+        return RuleHistory()
+    journal = Journal(journal_path(config), read_only=True)
+    try:
+        return rule_history(journal, config, now)
+    finally:
+        journal.close()
 
 
 def parse_moment(text: str, zone: ZoneInfo, option: str) -> datetime:

@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import Literal
 
 from gpuresa.config.names import NAME, valid_login_values, valid_logins
-from gpuresa.config.schema import Field, at_least, matches, positive_duration, valid_regex
+from gpuresa.config.schema import (
+    Field,
+    at_least,
+    matches,
+    positive_duration,
+    positive_or_unset,
+    valid_regex,
+)
 
 
 def _valid_timezone(value: str) -> str | None:
@@ -72,6 +79,9 @@ class DaemonConfig:
     preempt_signal: Literal["SIGUSR1", "SIGUSR2"] = "SIGUSR1"
     # and starts only where it can run this long (or its whole booking)
     preempt_minimum: timedelta = Field(timedelta(minutes=15), check=positive_duration)
+    # a session about to be released for want of a login is told this long before (or
+    # half its `release_unused`, if shorter)
+    release_notice: timedelta = Field(timedelta(minutes=10), check=positive_duration)
 
 
 @dataclass(frozen=True)
@@ -107,7 +117,60 @@ class CalendarConfig:
     default_gpus: int = Field(1, check=at_least(1))
     # every booking of this calendar is preemptible (an "idle GPUs" calendar)
     preemptible: bool = False
+    # a firm session nobody logged into this long after its start is released (warned
+    # `daemon.release_notice` before); unset: the host's `release_unused`, else never
+    release_unused: timedelta | None = Field(None, check=positive_or_unset)
     # kind "grr" only (GRR's MySQL/MariaDB database; see gpuresa.reservations.sources.grr)
     unix_socket: Path | None = None
     table_prefix: str = Field("grr_", check=matches(r"[A-Za-z0-9_]{0,32}", "letters, digits, '_'"))
     rooms: Mapping[str, str] = Field(factory=dict, check=_room_hosts)
+    # what gpuresa writes back about each booking (`gpuresa.writeback`): "event" into the
+    # booking's own event (a caldav calendar, write rights needed), "mirror" into a
+    # calendar of its own at mirror_url, "off" nothing. Off by default: gpuresa writes
+    # where an admin granted it write rights and asked it to, never on its own
+    write_back: Literal["event", "mirror", "off"] = "off"
+    mirror_url: str | None = Field(None, check=matches(r"https?://\S+", "an http(s) URL"))
+    # the mirror's account; unset: the calendar's own (a caldav calendar's)
+    mirror_username: str | None = None
+    mirror_password_file: Path | None = None
+    mirror_password_credential: str | None = None
+    # each write-back request gives up after this (and is tried again later)
+    write_timeout: timedelta = Field(timedelta(seconds=10), check=positive_duration)
+
+
+def write_back_checks(where: str, calendar: CalendarConfig) -> list[str]:
+    """Problems of `calendar`'s write-back keys that involve more than one key (`where`:
+    its key path, `calendars[INDEX]`)."""
+    problems = []
+    if calendar.write_back == "event" and calendar.kind != "caldav":
+        problems.append(
+            f'{where}.write_back: "event" writes into the booking\'s own CalDAV event; a '
+            f'{calendar.kind} calendar has none gpuresa may write: use "mirror"'
+        )
+    if calendar.write_back == "mirror" and calendar.mirror_url is None:
+        problems.append(f'{where}.mirror_url: write_back = "mirror" needs the mirror\'s URL')
+    if calendar.write_back != "mirror" and calendar.mirror_url is not None:
+        problems.append(f'{where}.mirror_url: only with write_back = "mirror"')
+    if calendar.mirror_url is not None and (
+        calendar.mirror_url.rstrip("/") == calendar.url.rstrip("/")
+    ):
+        problems.append(
+            f"{where}.mirror_url: the mirror cannot be the calendar gpuresa reads "
+            "(its events would be read as bookings)"
+        )
+    if (
+        calendar.write_back == "mirror"
+        and calendar.kind != "caldav"
+        and calendar.mirror_username is None
+    ):
+        problems.append(
+            f"{where}.mirror_username: the mirror's account (a {calendar.kind} "
+            "calendar has no CalDAV account to share)"
+        )
+    if calendar.mirror_username is not None and not (
+        calendar.mirror_password_file or calendar.mirror_password_credential
+    ):
+        problems.append(
+            f"{where}.mirror_username: needs mirror_password_file or mirror_password_credential"
+        )
+    return problems

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gpuresa.config.calendar_sections import CalendarConfig
+from gpuresa.config.calendar_sections import CalendarConfig, write_back_checks
 from gpuresa.config.database import url_problem
 from gpuresa.config.schema import Share, Size
 
@@ -49,6 +49,7 @@ def cross_checks(config: Config) -> list[str]:
                 f"got {calendar.url!r}"
             )
         problems.extend(_grr_checks(index, calendar, host_names))
+        problems.extend(write_back_checks(f"calendars[{index}]", calendar))
     for index, host in enumerate(config.hosts):
         ranges = {
             "ssh_ports": host.ssh_ports,

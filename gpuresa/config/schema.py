@@ -367,6 +367,11 @@ def positive_duration(value: timedelta) -> str | None:
     return None if value > timedelta(0) else "must be longer than 0s"
 
 
+def positive_or_unset(value: timedelta | None) -> str | None:
+    """A duration longer than 0s, or unset (a feature left off)."""
+    return None if value is None else positive_duration(value)
+
+
 def matches(pattern: str, what: str) -> Check:
     """A check that a string fully matches a regular expression."""
     compiled = re.compile(pattern)

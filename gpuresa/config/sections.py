@@ -20,6 +20,7 @@ from typing import Literal, cast
 from gpuresa.config.calendar_sections import CalendarConfig, DaemonConfig, ReservationsConfig
 from gpuresa.config.names import NAME, valid_login_keys
 from gpuresa.config.reporting_sections import NotifyConfig, TelemetryConfig
+from gpuresa.config.rules_sections import RulesConfig
 from gpuresa.config.schema import (
     Field,
     PortRange,
@@ -28,6 +29,7 @@ from gpuresa.config.schema import (
     at_least,
     matches,
     positive_duration,
+    positive_or_unset,
 )
 from gpuresa.errors import UserError
 
@@ -84,6 +86,9 @@ class HostConfig:
     ftp_passive_per_session: int = Field(3, check=at_least(1))
     driver_libraries: tuple[Path, ...] = ()
     driver_binaries: tuple[Path, ...] = (Path("/usr/bin/nvidia-smi"),)
+    # a firm session nobody logged into this long after its start is released, its GPUs
+    # offered to others (a calendar's own `release_unused` wins); unset: never
+    release_unused: timedelta | None = Field(None, check=positive_or_unset)
 
     def __post_init__(self) -> None:
         # None until here when the file leaves it unset (its type says what consumers see)
@@ -264,6 +269,7 @@ class Config:
     notify: NotifyConfig = NotifyConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
     slurm: SlurmConfig = SlurmConfig()
+    rules: RulesConfig = RulesConfig()
     source: str = Field("<defaults>", expected="(set by the loader)")
 
     def host(self, name: str | None = None) -> HostConfig:

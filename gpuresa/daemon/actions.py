@@ -23,6 +23,7 @@ from gpuresa.planning.actions import (
     NotifyCancel,
     NotifyChange,
     NotifyPreempt,
+    NotifyRelease,
     Prepare,
     Recreate,
     Start,
@@ -159,6 +160,14 @@ KINDS: dict[type[Action], ActionKind[Any]] = {
         effect=lambda action, call: call.work.notify_preempt(action, call.session, call.now),
         noted=lambda action, remembered, context, now: remembered.preempt_noticed(
             action.key, action.stop_at, context.journal
+        ),
+    ),
+    NotifyRelease: ActionKind[NotifyRelease](
+        lane=NOTICE,
+        deadline=_notice_deadline,
+        effect=lambda action, call: call.work.notify_release(action, call.session, call.now),
+        noted=lambda action, remembered, context, now: remembered.release_noticed(
+            action.key, action.release_at, context.journal
         ),
     ),
     NotifyCancel: ActionKind[NotifyCancel](

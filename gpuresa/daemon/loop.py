@@ -209,6 +209,7 @@ class Loop:
         for entry in self.executor.overdue():
             self.rounds.overdue(entry.key, entry.what, entry.payload)
         self.housekeeping.tick(monotonic)
+        self.rounds.logins.tick(monotonic)
         self.watch.tick(monotonic)
         if survey.due(monotonic):
             survey.begin()

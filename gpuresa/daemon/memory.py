@@ -27,6 +27,12 @@ PREEMPT_NOTIFIED = "preempt-notified:"
 # ... and of a booking whose preemptible session was stopped for a firm one (`preempted:<key>`):
 # done for good, whatever its state says later (a rejection, a booking again)
 PREEMPTED = "preempted:"
+# A session seen used (a login), which is never released for want of one (`used:<key>`); a
+# session told it will be released (`release-notified:<key>`: when); and a booking whose
+# session was released (`released:<key>`): done for good, like a preempted one.
+USED = "used:"
+RELEASE_NOTIFIED = "release-notified:"
+RELEASED = "released:"
 # A failed start or stop is retried after these delays (then every last one).
 RETRY_DELAYS = (timedelta(seconds=15), timedelta(seconds=60), timedelta(minutes=5))
 
@@ -48,6 +54,11 @@ class Remembered:
     start_noticed: set[tuple[str, int, str]] = field(default_factory=set)
     # the stop time each preemptible session was told it must give its GPUs up at
     preempt_notified: dict[str, datetime] = field(default_factory=dict)
+    # sessions a login was seen in, and the release time each unused one was told of
+    used: set[str] = field(default_factory=set)
+    release_notified: dict[str, datetime] = field(default_factory=dict)
+    # when the latest check that found no login in a session began (`daemon.logins`)
+    unused_seen: dict[str, datetime] = field(default_factory=dict)
 
     @classmethod
     def load(cls, journal: Journal) -> Remembered:
@@ -64,6 +75,10 @@ class Remembered:
         for key, value in journal.facts.with_prefix(PREEMPT_NOTIFIED).items():
             with contextlib.suppress(ValueError):
                 remembered.preempt_notified[key] = datetime.fromisoformat(value)
+        remembered.used.update(journal.facts.with_prefix(USED))
+        for key, value in journal.facts.with_prefix(RELEASE_NOTIFIED).items():
+            with contextlib.suppress(ValueError):
+                remembered.release_notified[key] = datetime.fromisoformat(value)
         return remembered
 
     def memory(
@@ -111,12 +126,19 @@ class Remembered:
         for key in set(self.preempt_notified) - present - busy:
             del self.preempt_notified[key]
             journal.facts.delete(PREEMPT_NOTIFIED + key)
+        for key in set(self.release_notified) - present - busy:
+            del self.release_notified[key]
+            journal.facts.delete(RELEASE_NOTIFIED + key)
+        for key in set(self.unused_seen) - present:
+            del self.unused_seen[key]
+        for key in self.used - present - busy - wanted:
+            self.used.discard(key)
+            journal.facts.delete(USED + key)
         states = journal.states.all()
-        # a preempted booking stays done while the calendars show it; then its note goes
-        preempted = set(journal.facts.with_prefix(PREEMPTED))
-        for key in preempted - wanted - present:
-            preempted.discard(key)
-            journal.facts.delete(PREEMPTED + key)
+        # a preempted or released booking stays done while the calendars show it; then its
+        # note goes
+        preempted = _done_for_good(journal, PREEMPTED, wanted | present)
+        released = _done_for_good(journal, RELEASED, wanted | present)
         specs: dict[str, SessionSpec | None] = {
             key: entry.payload if isinstance(entry.payload, SessionSpec) else None
             for key, entry in in_flight.items()
@@ -136,6 +158,10 @@ class Remembered:
             changes_notified=frozenset(self.changes_notified),
             preempt_notified=dict(self.preempt_notified),
             preempted=frozenset(preempted),
+            used=frozenset(self.used),
+            release_notified=dict(self.release_notified),
+            unused_seen=dict(self.unused_seen),
+            released=frozenset(released),
         )
 
     # --- what the loop records as it dispatches -------------------------------------------
@@ -163,6 +189,16 @@ class Remembered:
         self.preempt_notified[key] = stop_at
         journal.facts.set(PREEMPT_NOTIFIED + key, stop_at.isoformat())
 
+    def release_noticed(self, key: str, release_at: datetime, journal: Journal) -> None:
+        self.release_notified[key] = release_at
+        journal.facts.set(RELEASE_NOTIFIED + key, release_at.isoformat())
+
+    def seen_used(self, key: str, journal: Journal, now: datetime) -> None:
+        """A login was seen in `key`'s session: it is never released for want of one."""
+        if key not in self.used:
+            self.used.add(key)
+            journal.facts.set(USED + key, now.isoformat())
+
     def cancel_noticed(self, key: str, journal: Journal, now: datetime) -> None:
         self.cancel_notified.add(key)
         journal.facts.set(f"cancel-notified:{key}", now.isoformat())
@@ -188,3 +224,12 @@ class Remembered:
                 self.warnings_sent.discard((sent_key, seconds))
                 journal.facts.delete(f"warned:{seconds}:{key}")
         self.start_noticed = {item for item in self.start_noticed if item[0] != key}
+
+
+def _done_for_good(journal: Journal, prefix: str, shown: set[str]) -> set[str]:
+    """The keys of the journal's `prefix` facts; those neither wanted nor present lose it."""
+    keys = set(journal.facts.with_prefix(prefix))
+    for key in keys - shown:
+        keys.discard(key)
+        journal.facts.delete(prefix + key)
+    return keys

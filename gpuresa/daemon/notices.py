@@ -27,10 +27,12 @@ from gpuresa.mail.notices import (
 )
 from gpuresa.mail.outbox import Outbox
 from gpuresa.mail.preemption import preempt_message, preempted_end_line, preemptible_lines
+from gpuresa.mail.release import release_message, released_end_line
 from gpuresa.mail.smtp import Notifier
 from gpuresa.mail.wording import one_line
-from gpuresa.model import Rejection, Session
+from gpuresa.model import Rejection, Session, SessionSpec
 from gpuresa.outputs.messages import end_details, session_capabilities, start_details
+from gpuresa.writeback.notes import CalendarNotes
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,8 @@ class Notices:
     config: Config
     notifier: Notifier
     outbox: Outbox
+    # each state also written back into the booking's calendar, where that is on
+    calendar: CalendarNotes | None = None
 
     @property
     def _timezone(self) -> str:
@@ -90,7 +94,14 @@ class Notices:
             password_in_mail=configured is not None,
             ftps=session_capabilities(self.config, session).ftp_sidecar,
         )
+        if self.calendar is not None:
+            self.calendar.running(session, session.place or self._public_host())
         return self._to_user(session.key, kind, session.user, email or session.email, message)
+
+    def prepared(self, spec: SessionSpec) -> None:
+        """A prepared session: no e-mail, only its calendar says so (where write-back is on)."""
+        if self.calendar is not None:
+            self.calendar.prepared(spec)
 
     def warning(self, session: Session, before: timedelta, end: datetime, now: datetime) -> None:
         kind = f"warning-{int(before.total_seconds())}-{end.isoformat()}"
@@ -117,20 +128,38 @@ class Notices:
         """A notice about outputs (removal, a full disk), once per (key, kind)."""
         return self._to_user(key, kind, user, email, message)
 
-    def end(self, session: Session, preempted_at: datetime | None = None) -> None:
-        """The end notice; `preempted_at`: when a preemptible session was stopped early."""
+    def end(
+        self,
+        session: Session,
+        preempted_at: datetime | None = None,
+        released_at: datetime | None = None,
+    ) -> None:
+        """The end notice; `preempted_at`: when a preemptible session was stopped early,
+        `released_at`: when one nobody logged into was released."""
         details = end_details(self.config, session, self._public_host(), datetime.now(UTC))
-        if preempted_at is not None:
-            details = "\n" + preempted_end_line(preempted_at, self._timezone) + details
+        early = preempted_at or released_at
+        if early is not None:
+            line = (preempted_end_line if preempted_at else released_end_line)(
+                early, self._timezone
+            )
+            details = "\n" + line + details
             # it ended when it was stopped, not at the end it was booked for
-            session = replace(session, end=preempted_at)
+            session = replace(session, end=early)
         message = end_message(session, session.output_dir, self._timezone, details=details)
         self._to_user(session.key, "end", session.user, session.email, message)
+        if self.calendar is not None:
+            how = "preempted" if preempted_at else "released" if released_at else "ended"
+            self.calendar.ended(session, early or datetime.now(UTC), how)
 
     def preempted(self, session: Session, stop_at: datetime, signal_name: str) -> None:
         """A preemptible session must give its GPUs up at `stop_at`."""
         message = preempt_message(session, stop_at, signal_name, self._timezone)
         self._to_user(session.key, "preempt", session.user, session.email, message)
+
+    def release(self, session: Session, release_at: datetime, now: datetime) -> None:
+        """A session nobody logged into is released at `release_at` unless used before."""
+        message = release_message(session, release_at, now - session.start, self._timezone)
+        self._to_user(session.key, "release", session.user, session.email, message)
 
     def cancelled(self, session: Session, stop_at: datetime) -> None:
         message = cancel_message(session, stop_at, self._timezone)
@@ -176,6 +205,8 @@ Reservation: {one_line(key)}
 
     def failure(self, key: str, user: str, email: str | None, reason: str) -> None:
         """A booking that cannot be served: its user (admin in copy), once per key."""
+        if self.calendar is not None:
+            self.calendar.failed(key, reason)
         subject, body = failure_message(key, user, reason, host=self.config.daemon.host)
         address = self.notifier.address_for(user, email) if user else None
         if address is not None:
@@ -184,7 +215,9 @@ Reservation: {one_line(key)}
             self.outbox.enqueue(key, "failed", self.config.notify.admin, subject, body)
 
     def rejected(self, rejection: Rejection) -> None:
-        """A booking rejected with a reason: its user, once per reason."""
+        """A booking rejected with a reason: its user, once per reason (and its calendar)."""
+        if self.calendar is not None:
+            self.calendar.refused(rejection)
         if rejection.user is None and rejection.email is None:
             return
         message = rejection_message(rejection, self._timezone)

@@ -8,6 +8,7 @@ and never touches the loop's state.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from gpuresa.config.capabilities import host_capabilities
 from gpuresa.daemon.observing import GpuWatch, relevant_rejections
@@ -15,7 +16,10 @@ from gpuresa.daemon.polling import Polling
 from gpuresa.daemon.survey import Survey
 from gpuresa.daemon.tools import Tools
 from gpuresa.gpus.readings import GpuSnapshot
+from gpuresa.gpus.usage_store import USAGE_FILE
 from gpuresa.observe.state import CalendarView, Published, build_state
+from gpuresa.reports.live import UsageWatch
+from gpuresa.reports.reading import JOURNAL_FILE
 
 
 class Publisher:
@@ -30,6 +34,11 @@ class Publisher:
         self.gpu_watch = gpu_watch
         self.published = Published(
             build_state(host=tools.context.config.daemon.host, now=tools.clock.now(), sessions=())
+        )
+        # the week's usage and the GPU-seconds counters, read once a minute
+        state_dir = tools.context.config.daemon.state_dir
+        self.usage = UsageWatch(
+            state_dir / JOURNAL_FILE, state_dir / USAGE_FILE, started=tools.clock.now()
         )
 
     def publish(self) -> None:
@@ -63,4 +72,4 @@ class Publisher:
             # a scheduler places the GPUs: what is free is a count over time
             places_gpus=host_capabilities(config.host()).places_gpus,
         )
-        self.published.publish(state)
+        self.published.publish(replace(state, usage=self.usage.refresh(now, config)))

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from gpuresa.daemon.actions import Call, kind_of
 from gpuresa.daemon.executor import KILL, LIFE_CYCLE
 from gpuresa.daemon.images import Builds
+from gpuresa.daemon.logins import LoginWatch
 from gpuresa.daemon.memory import RETRY_DELAYS, Remembered
 from gpuresa.daemon.observing import GpuWatch
 from gpuresa.daemon.polling import Polling
@@ -58,6 +59,8 @@ class Rounds:
         self.on_start = on_start
         self.remembered = Remembered.load(tools.context.journal)
         self.builds = Builds(tools, self.remembered, polling.reservation, survey.changed)
+        # the first logins awaited where no-shows are released; a check plans again
+        self.logins = LoginWatch(tools, self.remembered, survey.want)
         # the exact instants the planner wants a round at
         self.timers: list[datetime] = []
 
@@ -92,6 +95,7 @@ class Rounds:
             self._dispatch(action, session, now, stopping_gpus)
         self._owed_start_notices(sessions, now)
         self.timers = wakeups(reservations, sessions, inventory, now, config, memory)
+        self.logins.follow(reservations, sessions)
         self.publish()
 
     def _dispatch(

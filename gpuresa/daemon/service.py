@@ -46,6 +46,7 @@ from gpuresa.observe.server import ObservationServer
 from gpuresa.outputs.disk import disk_warnings
 from gpuresa.sessions.errors import RuntimeUnavailable
 from gpuresa.sessions.protocol import SessionBackend
+from gpuresa.writeback.worker import WriteBackWorker
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,7 @@ class Daemon:
         self.stopping = threading.Event()
         self.loop: Loop | None = None
         self.outbox: Outbox | None = None
+        self.writeback: WriteBackWorker | None = None
         self._thread: threading.Thread | None = None
         self._journal: Journal | None = None
 
@@ -135,8 +137,15 @@ class Daemon:
         self._journal = journal
         journal.facts.set("daemon_pid", str(os.getpid()))
         self.outbox = Outbox(journal, _notifier(self.config), clock=self._clock)
+        # calendar write-back runs beside the loop like the outbox (`gpuresa.writeback`)
+        self.writeback = WriteBackWorker(self.config, journal, clock=self._clock)
         context = Context(
-            self.config, journal, self.outbox, runtime=self._runtime, clock=self._clock
+            self.config,
+            journal,
+            self.outbox,
+            runtime=self._runtime,
+            clock=self._clock,
+            writeback=self.writeback,
         )
         if problem:
             context.notices.to_admin(
@@ -165,6 +174,7 @@ class Daemon:
                     f" ([telemetry] listen): {error}"
                 ) from None
         self.outbox.start()
+        self.writeback.start()
         self._thread = threading.Thread(target=self.loop.run, name="gpuresa-loop", daemon=True)
         self._thread.start()
         log.info(
@@ -211,6 +221,8 @@ class Daemon:
             self._thread.join(max(deadline - time.monotonic(), 0.1))
         if self.outbox is not None:
             self.outbox.stop(timeout=max(deadline - time.monotonic(), 0.1))
+        if self.writeback is not None:
+            self.writeback.stop(timeout=max(deadline - time.monotonic(), 0.1))
         if self.loop is not None:
             # a stop whose containers are gone has only its journal lines left to write; a
             # background job (the outputs duty) may be making a container: let it finish
@@ -285,7 +297,11 @@ class Daemon:
         if self.loop is not None and self.outbox is not None:
             old = self.loop.context
             self.outbox.set_notifier(_notifier(config))
-            self.loop.context = Context(config, old.journal, self.outbox, clock=self._clock)
+            if self.writeback is not None:
+                self.writeback.set_config(config)
+            self.loop.context = Context(
+                config, old.journal, self.outbox, clock=self._clock, writeback=self.writeback
+            )
             self.loop.request_round()
             self._follow_listen(config)
         log.info("configuration reloaded from %s", path)

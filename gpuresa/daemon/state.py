@@ -14,9 +14,11 @@ from datetime import UTC, datetime
 from gpuresa.backends.engines.output_service import OutputService
 from gpuresa.backends.factory import open_backend
 from gpuresa.config.sections import Config
+from gpuresa.daemon.memory import RELEASED
 from gpuresa.daemon.notices import Notices
 from gpuresa.daemon.output_duties import OutputDuties
 from gpuresa.daemon.work import Work
+from gpuresa.fairshare.history import used_bookings
 from gpuresa.journal.store import Journal
 from gpuresa.mail.outbox import Outbox
 from gpuresa.mail.smtp import Notifier
@@ -24,6 +26,8 @@ from gpuresa.model import Rejection, Reservation
 from gpuresa.reservations.calendars import CalendarReport, Calendars
 from gpuresa.reservations.claims import Claims
 from gpuresa.sessions.protocol import SessionBackend
+from gpuresa.writeback.notes import CalendarNotes
+from gpuresa.writeback.worker import WriteBackWorker
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +52,7 @@ class Context:
         *,
         runtime: SessionBackend | None = None,
         clock: Callable[[], datetime] = utc_now,
+        writeback: WriteBackWorker | None = None,
     ) -> None:
         self.config = config
         self.clock = clock
@@ -57,7 +62,9 @@ class Context:
         self.runtime = runtime or open_backend(config)
         self.calendars = Calendars(config)
         self.notifier = Notifier(config.notify, config.users)
-        self.notices = Notices(config, self.notifier, outbox)
+        # each state also written into its calendar (where on), by `writeback`'s thread
+        self.calendar_notes = CalendarNotes(config, journal, writeback, clock)
+        self.notices = Notices(config, self.notifier, outbox, self.calendar_notes)
         self.work = Work(config, self.runtime, journal, self.notices)
         self.outputs = OutputDuties(OutputService(config, self.runtime))
 
@@ -91,12 +98,15 @@ class Context:
         granted_gpus = {row.key: row.gpus for row in rows}
         granted_gpus.update(holding_gpus or {})
         preemptible = journal.facts.with_prefix(PREEMPTIBLE_FACT)
+        # a booking released for want of a login claims its GPUs no more, like a
+        # preemptible one: a walk-in may take them for the rest of its time
+        released = journal.facts.with_prefix(RELEASED)
         claims = Claims(
             granted=granted,
             granted_gpus=granted_gpus,
             ended=journal.reservations.ended_times(),
             origins=journal.reservations.origins(),
-            preemptible=frozenset(preemptible),
+            preemptible=frozenset(preemptible) | frozenset(released),
         )
         first_seen = journal.reservations.first_seen_times()
         report = self.calendars.poll(
@@ -104,6 +114,7 @@ class Context:
             first_seen=first_seen,
             holding=frozenset(held | holding.keys()),
             claims=claims,
+            used=used_bookings(journal, self.config, now),
         )
         found = report.reservations
         _remember_preemptible(journal, found.reservations, preemptible, first_seen, now)
@@ -116,6 +127,10 @@ class Context:
                 self.journal.states.set(reservation.key, "booked", now)
         for name, freshness in report.freshness.items():
             self.journal.calendars.record(name, freshness.last_success, freshness.last_error, now)
+        fresh = {name for name, freshness in report.freshness.items() if not freshness.last_error}
+        self.calendar_notes.seen(
+            found.reservations, {rejection.key for rejection in found.rejected}, fresh
+        )
         return report, new_rejections
 
     def reject(self, rejection: Rejection) -> None:

@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from gpuresa.config.sections import Config
-from gpuresa.daemon.memory import PREEMPTED
+from gpuresa.daemon.memory import PREEMPTED, RELEASED
 from gpuresa.daemon.notices import Notices
 from gpuresa.daemon.records import session_from_record, session_record
 from gpuresa.journal.store import Journal
 from gpuresa.mail.notices import wall_text
 from gpuresa.mail.preemption import preempt_wall_text
+from gpuresa.mail.release import release_wall_text
 from gpuresa.model import Session, SessionSpec
 from gpuresa.planning.actions import (
     Extend,
@@ -27,6 +28,7 @@ from gpuresa.planning.actions import (
     NotifyCancel,
     NotifyChange,
     NotifyPreempt,
+    NotifyRelease,
     Prepare,
     Recreate,
     Start,
@@ -39,7 +41,7 @@ from gpuresa.sessions.protocol import SessionBackend
 log = logging.getLogger(__name__)
 
 # Stops whose user is told the session ended, even when a restart interrupts them.
-ENDS_TOLD = ("ended", "cancelled", "reassigned", "preempted")
+ENDS_TOLD = ("ended", "cancelled", "reassigned", "preempted", "released")
 # The journal meta of a stop under way, with its reason (see `Work.finish_unwinding`).
 UNWINDING = "unwinding:"
 
@@ -54,7 +56,12 @@ FINAL_STATE = {
     "reassigned": "booked",
     # a preemptible session that gave its GPUs to a firm booking: done, output kept
     "preempted": "preempted",
+    # a firm session nobody logged into in time: done, output kept, its GPUs free
+    "released": "released",
 }
+# stops after which a booking is done for good (never started again), with the journal
+# fact that says so
+DONE_FOR_GOOD = {"preempted": PREEMPTED, "released": RELEASED}
 
 
 @dataclass(frozen=True)
@@ -97,6 +104,7 @@ class Work:
         self._require_image(action.spec)
         self.journal.states.set(action.key, "preparing", now)
         self.runtime.prepare(action.spec)
+        self.notices.prepared(action.spec)
         return Done()
 
     def start(self, action: Start | Recreate, before: Session | None, now: datetime) -> Started:
@@ -128,9 +136,9 @@ class Work:
         if told and session is not None and action.reason in ENDS_TOLD:
             # what the end notice needs, should a restart interrupt this stop
             self.journal.facts.set(f"stopping:{key}", session_record(session, action.reason))
-        if action.reason == "preempted":
+        if action.reason in DONE_FOR_GOOD:
             # done for good: never started again, whatever its state says later
-            self.journal.facts.set(PREEMPTED + key, now.isoformat())
+            self.journal.facts.set(DONE_FOR_GOOD[action.reason] + key, now.isoformat())
         self.runtime.stop(key, action.grace)
         self.journal.states.set(key, FINAL_STATE[action.reason], now, action.reason)
         self.journal.facts.delete(f"missing:{key}")
@@ -139,6 +147,8 @@ class Work:
                 self.notices.reassigned(session, new_user or "another login")
             elif action.reason == "preempted":
                 self.notices.end(session, preempted_at=now)
+            elif action.reason == "released":
+                self.notices.end(session, released_at=now)
             elif action.reason != "replan":
                 self.notices.end(session)
         self.journal.facts.delete(f"stopping:{key}")
@@ -180,10 +190,14 @@ class Work:
         log.info("%s: finishing a stop that a restart interrupted", key)
         self.runtime.kill(key)  # the network and files a stop cut short leaves
         self.runtime.finish_stop(session)
-        final = reason if reason in ("cancelled", "preempted") else "ended"
+        final = reason if reason in ("cancelled", "preempted", "released") else "ended"
         self.journal.states.set(key, final, now, f"{reason} (finished after a restart)")
         if reason != "reassigned":
-            self.notices.end(session, preempted_at=now if reason == "preempted" else None)
+            self.notices.end(
+                session,
+                preempted_at=now if reason == "preempted" else None,
+                released_at=now if reason == "released" else None,
+            )
         self.journal.facts.delete(f"stopping:{key}")
         self.journal.facts.delete(f"{UNWINDING}{key}")
         return Done()
@@ -217,6 +231,17 @@ class Work:
         )
         sent = self.runtime.signal(action.key, signal.Signals[daemon.preempt_signal])
         log.info("%s: %s sent to %d process(es)", action.key, daemon.preempt_signal, sent)
+        return Done()
+
+    def notify_release(self, action: NotifyRelease, session: Session | None, now: datetime) -> Done:
+        """Nobody logged into the session: it is released at `release_at` unless used; told
+        in the session (best effort) and by e-mail."""
+        if session is None:
+            return Done()
+        timezone = self.config.reservations.timezone
+        self.notices.release(session, action.release_at, now)
+        text = release_wall_text(action.release_at - now, action.release_at, timezone)
+        self.runtime.message(action.key, text)
         return Done()
 
     def notify_cancel(self, action: NotifyCancel, session: Session | None, now: datetime) -> Done:

@@ -10,7 +10,8 @@ from __future__ import annotations
 # The reservation lifecycle: booked → preparing → running → warned → stopping
 # → ended, with the side exits rejected, cancelled and failed; "removed" ends
 # an orphan (a gpuresa container that no reservation explains); "preempted"
-# ends a preemptible session that gave its GPUs to a firm booking.
+# ends a preemptible session that gave its GPUs to a firm booking; "released", a
+# firm session nobody logged into in time (`release_unused`).
 STATES = (
     "booked",
     "preparing",
@@ -23,9 +24,12 @@ STATES = (
     "failed",
     "removed",
     "preempted",
+    "released",
 )
 # States after which nothing more happens to a reservation.
-FINAL_STATES = frozenset({"ended", "rejected", "cancelled", "failed", "removed", "preempted"})
+FINAL_STATES = frozenset(
+    {"ended", "rejected", "cancelled", "failed", "removed", "preempted", "released"}
+)
 RESULTS = ("ok", "failed")
 
 # Each migration is a list of statements run in one transaction; migration N
@@ -142,6 +146,35 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # the object a booking came from: of two objects holding one UID, the first keeps it
         "ALTER TABLE reservations ADD COLUMN href TEXT NOT NULL DEFAULT ''",
     ),
+    (
+        # what gpuresa writes back into the calendars (`gpuresa.writeback`): one row per
+        # booking, the latest state to write; kept once written, so a state is written once
+        """
+        CREATE TABLE writeback (
+            key TEXT PRIMARY KEY,
+            calendar TEXT NOT NULL,
+            uid TEXT NOT NULL,
+            href TEXT NOT NULL DEFAULT '',
+            state TEXT NOT NULL,
+            detail TEXT NOT NULL,
+            text TEXT NOT NULL,
+            summary TEXT NOT NULL DEFAULT '',
+            start_at TEXT,
+            end_at TEXT,
+            queued_at TEXT NOT NULL,
+            attempts INTEGER NOT NULL DEFAULT 0,
+            last_error TEXT,
+            next_try TEXT NOT NULL,
+            written_at TEXT
+        )
+        """,
+        "CREATE INDEX writeback_unwritten ON writeback (next_try) WHERE written_at IS NULL",
+    ),
+    (
+        # usage reports read one host's bookings of a period (`gpuresa.reports.reading`):
+        # without the host, a journal that holds other hosts' bookings is read in full
+        "CREATE INDEX reservations_by_host_end ON reservations (host, end_at)",
+    ),
 )
 
 
@@ -158,5 +191,6 @@ TABLES = frozenset(
         "calendars",
         "meta",
         "outbox",
+        "writeback",
     }
 )

@@ -27,7 +27,8 @@ missing steps.
 A `Journal` is its tables, each an object over the one connection
 (`gpuresa.journal.database.Database`): `journal.reservations`,
 `journal.states`, `journal.history`, `journal.notices`, `journal.outbox`,
-`journal.calendars` and `journal.facts`. Every public method of a table is a
+`journal.calendars`, `journal.facts` and `journal.writeback` (what
+`gpuresa.writeback` writes back into the calendars). Every public method of a table is a
 guarded read or write, so a guarded journal (the daemon's) never raises for
 a journal failure, whatever the method.
 """
@@ -49,6 +50,7 @@ from gpuresa.journal.outbox import OutboxTable
 from gpuresa.journal.reservation_records import ReservationTable
 from gpuresa.journal.schema import MIGRATIONS, SCHEMA_VERSION, TABLES
 from gpuresa.journal.times import to_text
+from gpuresa.journal.writeback import WriteBackTable
 
 __all__ = ["CalendarStatus", "Journal", "JournalTooNew", "JournalUnusable"]
 
@@ -176,6 +178,7 @@ class Journal:
         self.outbox = OutboxTable(self._database)
         self.calendars = CalendarTable(self._database)
         self.facts = FactTable(self._database)
+        self.writeback = WriteBackTable(self._database)
         self._retention = Retention(self._database)
 
     @property

@@ -28,7 +28,7 @@ from gpuresa.planning.free_gpus import (
 )
 
 # journal states of a booking whose GPUs the planner no longer gives it
-_NOT_HOLDING = frozenset({"rejected", "cancelled", "ended", "removed", "preempted"})
+_NOT_HOLDING = frozenset({"rejected", "cancelled", "ended", "removed", "preempted", "released"})
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ class StateCollector(Collector):
         yield from self._sessions(state)
         yield from self._gpus(state)
         yield from self._calendars(state)
+        yield from self._usage(state)
         for action, histogram in sorted(state.latency.items()):
             buckets = [(str(float(bound)), count) for bound, count in histogram.buckets]
             buckets.append(("+Inf", histogram.count))
@@ -146,6 +147,29 @@ class StateCollector(Collector):
         yield success
         yield age
         yield up
+
+    def _usage(self, state: ObservedState) -> Iterator[Metric]:
+        """GPU-seconds booked (by group and login) and used (by group) since the daemon
+        started; labels chosen in `gpuresa.reports.live`."""
+        if state.usage is None:
+            return
+        booked = CounterMetricFamily(
+            "gpuresa_gpu_seconds_booked",
+            "GPU-seconds booked on this host since the daemon started, by group and login",
+            labels=["group", "user"],
+        )
+        for (group, user), seconds in sorted(state.usage.booked_seconds.items()):
+            booked.add_metric([inert(group), inert(user)], seconds)
+        yield booked
+        used = CounterMetricFamily(
+            "gpuresa_gpu_seconds_used",
+            "GPU-seconds the booked GPUs were busy (held × utilization) since the daemon "
+            "started, by group",
+            labels=["group"],
+        )
+        for group, seconds in sorted(state.usage.used_seconds.items()):
+            used.add_metric([inert(group)], seconds)
+        yield used
 
 
 def registry_for(provider: Callable[[], ObservedState]) -> CollectorRegistry:

@@ -175,6 +175,38 @@ def _cell(value: object, number: bool = False) -> str:
     return f'<td class="number">{_text(value)}</td>' if number else f"<td>{_text(value)}</td>"
 
 
+# the week's table shows the logins that booked most, then the total
+WEEK_ROWS = 15
+
+
+def _week(state: ObservedState) -> str:
+    """This week's GPU-hours by login (`gpuresa report`'s default), the largest first."""
+    week = state.usage.week if state.usage is not None else None
+    if week is None:
+        return '<p class="muted">Not read yet.</p>'
+    shown = sorted(week.rows, key=lambda row: (-row.booked, row.key))[:WEEK_ROWS]
+    rows = [
+        [
+            _cell(row.key),
+            _cell(f"{row.booked:.1f}", True),
+            _cell(f"{row.held:.1f}", True),
+            _cell("–" if row.held == row.unmeasured else f"{row.busy:.1f}", True),
+            _cell(row.sessions, True),
+            _cell(row.no_shows, True),
+            _cell(sum(row.refused.values()), True),
+        ]
+        for row in [*shown, week.total]
+    ]
+    headers = ["user", "booked", "held", "busy", "sessions", "no-shows", "refused"]
+    more = len(week.rows) - len(shown)
+    note = f" The {more} other login(s): `gpuresa report`." if more > 0 else ""
+    return (
+        f'<p class="muted">GPU-hours since Monday; busy: held × GPU utilization; no-shows: '
+        f"sessions nobody used.{_text(note)}</p>"
+        + _table(headers, rows if week.rows else [], "No booking this week.")
+    )
+
+
 def render_page(state: ObservedState, zone: tzinfo, days: int = 3) -> str:
     """The whole page for `state`, times shown in `zone`, the timeline `days` long."""
     sessions = [
@@ -282,6 +314,8 @@ def render_page(state: ObservedState, zone: tzinfo, days: int = 3) -> str:
             "None: every process on a GPU belongs to the session that booked it.",
         )
     }
+<h2>This week</h2>
+{_week(state)}
 <h2>Rejected bookings</h2>
 {_table(["reservation", "user", "start", "reason"], rejected, "No rejected booking.")}
 <h2>Calendars</h2>

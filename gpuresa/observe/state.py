@@ -20,6 +20,7 @@ from gpuresa.gpus.usage_store import SessionUse
 from gpuresa.model import Rejection, Reservation, Session
 from gpuresa.observe.free import FreeView, free_view
 from gpuresa.planning.allocation import Holding, Ports, allocate_gpus
+from gpuresa.reports.live import UsageView
 
 # seconds; a start pulls nothing and builds nothing, a stop waits its grace
 LATENCY_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)
@@ -107,6 +108,8 @@ class ObservedState:
     latency: Mapping[str, Histogram] = field(default_factory=dict)
     # what is free from `taken` on, per GPU or as a count (gpuresa.observe.free)
     free: FreeView = field(default_factory=FreeView)
+    # this week's usage and the GPU-seconds counters (gpuresa.reports.live); None: not read
+    usage: UsageView | None = None
 
 
 class Counters:

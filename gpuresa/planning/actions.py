@@ -118,6 +118,18 @@ class NotifyPreempt(Action):
 
 
 @dataclass(frozen=True)
+class NotifyRelease(Action):
+    """Tell a session nobody logged into that it is released at `release_at` unless its
+    user logs in before (`gpuresa.planning.release`)."""
+
+    release_at: datetime = datetime.min
+    order = 76
+
+    def describe(self) -> str:
+        return f"tell {self.key} it is released at {self.release_at.isoformat()} unless used"
+
+
+@dataclass(frozen=True)
 class NotifyCancel(Action):
     """Tell the user their booking is gone and when the session will stop."""
 

@@ -1,4 +1,5 @@
-"""Choosing GPUs and ports for a session: pure functions over what is already taken."""
+"""Choosing GPUs and ports for a session: pure functions over what is already taken, and
+the spec of a new session that they make."""
 
 from __future__ import annotations
 
@@ -6,8 +7,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
+from gpuresa.config.capabilities import host_capabilities
 from gpuresa.config.sections import HostConfig
 from gpuresa.errors import UserError
+from gpuresa.model import Reservation, SessionSpec
+from gpuresa.planning.facts import Inventory
 
 
 class AllocationError(UserError):
@@ -85,3 +89,65 @@ def allocate_gpus(
     if len(free) < count:
         return None
     return tuple(free[:count])
+
+
+def new_spec(
+    reservation: Reservation,
+    inventory: Inventory,
+    holdings: list[Holding],
+    taken_ports: list[Ports],
+    placed: tuple[int, ...] | None = None,
+) -> SessionSpec | str:
+    """A spec with GPUs and ports for a new session, or the reason there is none.
+
+    On a cluster (`scheduled`) the GPUs are a count on the node the backend
+    chooses, which refuses a booking its node cannot hold: the planner counts
+    none of them (one host-wide list would over-book some nodes and refuse
+    bookings that other nodes can serve).
+    """
+    # a scheduler's session: a count, whose devices its node chooses
+    count = reservation.gpus if scheduled(inventory) else 0
+    gpus: tuple[int, ...] = ()
+    if not scheduled(inventory) and reservation.gpus > 0 and inventory.host.gpu_mode != "none":
+        chosen = placed or allocate_gpus(
+            inventory.gpus, reservation.gpus, reservation.start, reservation.end, holdings
+        )
+        if chosen is None:
+            return (
+                f"{reservation.gpus} GPU(s) are not free on {inventory.host.name} "
+                f"from {reservation.start.isoformat()} to {reservation.end.isoformat()}"
+            )
+        gpus = chosen
+        count = len(chosen)
+    try:
+        ports = allocate_ports(inventory.host, taken_ports)
+    except AllocationError as error:
+        return str(error)
+    return SessionSpec(
+        key=reservation.key,
+        user=reservation.user,
+        host=reservation.host,
+        template=reservation.template,
+        cuda=reservation.cuda,
+        gpu_count=count,
+        gpu_indices=gpus,
+        start=reservation.start,
+        end=reservation.end,
+        ssh_port=ports.ssh,
+        ftp_port=ports.ftp,
+        ftp_passive_first=ports.passive_first,
+        ftp_passive_last=ports.passive_last,
+        email=reservation.email,
+        place=reservation.place if scheduled(inventory) else "",
+        preemptible=reservation.preemptible and preempts(inventory),
+    )
+
+
+def preempts(inventory: Inventory) -> bool:
+    """Whether gpuresa places this host's GPUs, so that preemptible sessions can give way."""
+    return not scheduled(inventory) and inventory.host.gpu_mode != "none"
+
+
+def scheduled(inventory: Inventory) -> bool:
+    """Whether a scheduler places sessions and counts their GPUs on its nodes."""
+    return host_capabilities(inventory.host).places_gpus

@@ -46,7 +46,13 @@ class Memory:
         running session keeps what it started with;
     preempt_notified: the stop time each preemptible session was last told of;
     preempted: keys whose preemptible session was stopped for a firm booking:
-        done, not started again.
+        done, not started again;
+    used: keys whose session saw a login (never released for want of one);
+    release_notified: the release time each unused session was told of;
+    unused_seen: when the latest check that found no login in a session began
+        (a session is released only on a check begun at or after its time);
+    released: keys whose session was released for want of a login: done, and
+        their bookings hold GPUs no more.
     """
 
     missing_since: Mapping[str, datetime] = field(default_factory=dict)
@@ -60,6 +66,10 @@ class Memory:
     changes_notified: frozenset[tuple[str, str]] = frozenset()
     preempt_notified: Mapping[str, datetime] = field(default_factory=dict)
     preempted: frozenset[str] = frozenset()
+    used: frozenset[str] = frozenset()
+    release_notified: Mapping[str, datetime] = field(default_factory=dict)
+    unused_seen: Mapping[str, datetime] = field(default_factory=dict)
+    released: frozenset[str] = frozenset()
 
     def missing_deadline(self, key: str, now: datetime, config: Config) -> datetime:
         """When a session whose reservation is gone must stop (after its grace)."""

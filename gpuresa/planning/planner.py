@@ -11,7 +11,6 @@ from collections.abc import Iterable
 from dataclasses import replace
 from datetime import datetime, timedelta
 
-from gpuresa.config.capabilities import host_capabilities
 from gpuresa.config.sections import Config
 from gpuresa.model import Reservation, Session, SessionSpec, is_ad_hoc
 from gpuresa.planning.actions import (
@@ -26,13 +25,7 @@ from gpuresa.planning.actions import (
     Stop,
     Warn,
 )
-from gpuresa.planning.allocation import (
-    AllocationError,
-    Holding,
-    Ports,
-    allocate_gpus,
-    allocate_ports,
-)
+from gpuresa.planning.allocation import Holding, Ports, new_spec, preempts, scheduled
 from gpuresa.planning.facts import Inventory, Memory
 from gpuresa.planning.preemption import (
     NO_PORTS,
@@ -41,6 +34,7 @@ from gpuresa.planning.preemption import (
     place_preemptible,
     project_firm,
 )
+from gpuresa.planning.release import release_action
 
 
 def plan(
@@ -70,7 +64,7 @@ def plan(
 
     # firm sessions' GPUs; preemptible ones' (over their whole bookings) apart: they give way
     holdings: list[Holding] = []
-    soft: Soft = Soft(_preempts(inventory))
+    soft: Soft = Soft(preempts(inventory))
     taken_ports: list[Ports] = [Ports(port, port, port, port) for port in memory.refused_ports]
     # what actions under way are taking (their containers may not be in Docker yet)
     for key, spec in memory.in_flight.items():
@@ -119,6 +113,11 @@ def plan(
         if session.state == "created":
             (soft.prepared if preemptible else prepared).append((session, reservation))
             continue
+        release = None if preemptible else release_action(session, reservation, now, config, memory)
+        if release is not None:
+            actions.append(release)
+            if isinstance(release, Stop):
+                continue
         held_by.append(
             Holding(key, session.gpu_indices, _ports_of(session), session.start, reservation.end)
         )
@@ -167,7 +166,7 @@ def plan(
         for reservation in wanted.values()
         if (reservation.key not in existing or reservation.key in replanned)
         and reservation.key not in memory.in_flight
-        and reservation.key not in memory.preempted
+        and reservation.key not in memory.preempted | memory.released
         and now < reservation.end
     ]
     projected: dict[str, Holding] = {}
@@ -190,9 +189,7 @@ def plan(
             )  # fmt: skip
             if placement is None:
                 continue  # it waits for idle GPUs; nobody is refused for it
-            spec_or_reason = _allocate(
-                reservation, inventory, holdings, taken_ports, placement.gpus
-            )
+            spec_or_reason = new_spec(reservation, inventory, holdings, taken_ports, placement.gpus)
             if isinstance(spec_or_reason, str):
                 continue
             soft.placed.append(
@@ -200,9 +197,9 @@ def plan(
             )
         elif key in projected:
             gpus = projected[key].gpus
-            spec_or_reason = _allocate(reservation, inventory, holdings, taken_ports, gpus)
+            spec_or_reason = new_spec(reservation, inventory, holdings, taken_ports, gpus)
         else:
-            spec_or_reason = _allocate(reservation, inventory, holdings, taken_ports)
+            spec_or_reason = new_spec(reservation, inventory, holdings, taken_ports)
         if isinstance(spec_or_reason, str):
             actions.append(
                 Fail(key, reason=spec_or_reason, user=reservation.user, email=reservation.email)
@@ -243,7 +240,7 @@ def _prepared_differs(
         return True
     if now < reservation.start - config.daemon.prepare_ahead:
         return True
-    if _scheduled(inventory):
+    if scheduled(inventory):
         # the node's GPUs are the scheduler's to count; a booking moved to another node
         # is prepared again there
         node = reservation.place
@@ -325,68 +322,6 @@ def _due_warning(
         and (key, int(warning.total_seconds())) not in memory.warnings_sent
     ]
     return min(due) if due else None
-
-
-def _allocate(
-    reservation: Reservation,
-    inventory: Inventory,
-    holdings: list[Holding],
-    taken_ports: list[Ports],
-    placed: tuple[int, ...] | None = None,
-) -> SessionSpec | str:
-    """A spec with GPUs and ports for a new session, or the reason there is none.
-
-    On a cluster (`_scheduled`) the GPUs are a count on the node the backend
-    chooses, which refuses a booking its node cannot hold: the planner counts
-    none of them (one host-wide list would over-book some nodes and refuse
-    bookings that other nodes can serve).
-    """
-    # a scheduler's session: a count, whose devices its node chooses
-    count = reservation.gpus if _scheduled(inventory) else 0
-    gpus: tuple[int, ...] = ()
-    if not _scheduled(inventory) and reservation.gpus > 0 and inventory.host.gpu_mode != "none":
-        chosen = placed or allocate_gpus(
-            inventory.gpus, reservation.gpus, reservation.start, reservation.end, holdings
-        )
-        if chosen is None:
-            return (
-                f"{reservation.gpus} GPU(s) are not free on {inventory.host.name} "
-                f"from {reservation.start.isoformat()} to {reservation.end.isoformat()}"
-            )
-        gpus = chosen
-        count = len(chosen)
-    try:
-        ports = allocate_ports(inventory.host, taken_ports)
-    except AllocationError as error:
-        return str(error)
-    return SessionSpec(
-        key=reservation.key,
-        user=reservation.user,
-        host=reservation.host,
-        template=reservation.template,
-        cuda=reservation.cuda,
-        gpu_count=count,
-        gpu_indices=gpus,
-        start=reservation.start,
-        end=reservation.end,
-        ssh_port=ports.ssh,
-        ftp_port=ports.ftp,
-        ftp_passive_first=ports.passive_first,
-        ftp_passive_last=ports.passive_last,
-        email=reservation.email,
-        place=reservation.place if _scheduled(inventory) else "",
-        preemptible=reservation.preemptible and _preempts(inventory),
-    )
-
-
-def _preempts(inventory: Inventory) -> bool:
-    """Whether gpuresa places this host's GPUs, so that preemptible sessions can give way."""
-    return not _scheduled(inventory) and inventory.host.gpu_mode != "none"
-
-
-def _scheduled(inventory: Inventory) -> bool:
-    """Whether a scheduler places sessions and counts their GPUs on its nodes."""
-    return host_capabilities(inventory.host).places_gpus
 
 
 def _spec_from_session(session: Session, reservation: Reservation) -> SessionSpec:

@@ -12,6 +12,7 @@ from gpuresa.config.sections import Config
 from gpuresa.model import Reservation, Session, is_ad_hoc
 from gpuresa.planning.facts import Inventory, Memory
 from gpuresa.planning.preemption import gone_before
+from gpuresa.planning.release import release_wakeups
 
 
 def wakeups(
@@ -39,6 +40,7 @@ def wakeups(
         instants.add(reservation.start)
         instants.add(reservation.end)
         instants.update(reservation.end - warning for warning in daemon.warnings)
+        instants.update(release_wakeups(reservation, config, memory))
     for session in sessions:
         instants.add(session.end)
         if session.key not in wanted_keys and not is_ad_hoc(session.key):

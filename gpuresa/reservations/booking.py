@@ -136,6 +136,7 @@ class BookingReader:
                 start=occurrence.start,
                 end=occurrence.end,
                 uid_derived=occurrence.component.uid_derived,
+                href=occurrence.href,
             )
         assert booking.host is not None and booking.user is not None
         assert booking.template is not None

@@ -15,6 +15,7 @@ from datetime import datetime
 from gpuresa.config.calendar_sections import CalendarConfig
 from gpuresa.config.capabilities import host_capabilities
 from gpuresa.config.sections import HostConfig
+from gpuresa.ical.state_block import strip_block
 
 _EMAIL = re.compile(r"[^@\s<>(),;:\"\\\[\]]{1,64}@[A-Za-z0-9.-]{1,253}")
 _DESCRIPTION_LINE = re.compile(r"\s*([A-Za-z][A-Za-z _-]{0,30}?)\s*[:=]\s*(.*?)\s*")
@@ -71,8 +72,11 @@ def description_fields(description: str) -> dict[str, str]:
     """`template: pytorch` / `cuda: 12.4` / `gpus: 2` lines of a DESCRIPTION (first wins).
 
     Descriptions written by web calendars often carry HTML (`<br>`, `<p>`):
-    tags become line breaks or go, entities are decoded.
+    tags become line breaks or go, entities are decoded. gpuresa's own block
+    (what it writes back, `gpuresa.ical.state_block`) is no booking's text: its
+    lines are never read as fields.
     """
+    description = strip_block(description)
     if "<" in description:
         description = html.unescape(_HTML_TAG.sub("", _HTML_BREAK.sub("\n", description)))
     fields: dict[str, str] = {}

@@ -23,7 +23,9 @@ from datetime import datetime
 from types import MappingProxyType
 
 from gpuresa.config.sections import Config
-from gpuresa.model import Rejection, ReservationSet, calendar_key
+from gpuresa.fairshare.check import RuleFacts
+from gpuresa.fairshare.host_groups import host_members
+from gpuresa.model import Rejection, Reservation, ReservationSet, calendar_key
 from gpuresa.reservations.claims import Claims
 from gpuresa.reservations.rules import read_reservations
 from gpuresa.reservations.sources import CalendarSource, SourceError, open_source
@@ -101,6 +103,7 @@ class Calendars:
         first_seen: Mapping[str, datetime] = _NOTHING_SEEN,
         holding: AbstractSet[str] = frozenset(),
         claims: Claims | None = None,
+        used: tuple[Reservation, ...] = (),
     ) -> CalendarReport:
         """Poll every calendar, then read them all over the window around `now`.
 
@@ -108,7 +111,9 @@ class Calendars:
         `first_seen_times()`) and `holding` (the keys whose session is
         prepared or running) decide over-booking; `claims`, what the journal
         knows of granted times, ended bookings and where each UID was first
-        seen (see `gpuresa.reservations.claims`). Never raises for a
+        seen (see `gpuresa.reservations.claims`); `used`, the bookings that had
+        a session, which the fair-share rules count (see
+        `gpuresa.fairshare.history.used_bookings`). Never raises for a
         calendar's failure: that calendar's last snapshot is used and its
         freshness carries the reason.
         """
@@ -129,7 +134,7 @@ class Calendars:
             self.errors[name] = None
             objects[name] = result.objects
             problems[name] = result.problems
-        report = self._report(objects, now, first_seen, holding, claims)
+        report = self._report(objects, now, first_seen, holding, claims, used)
         refused = [
             object_rejection(name, href, reason, href in objects[name])
             for name, found in problems.items()
@@ -147,10 +152,11 @@ class Calendars:
         first_seen: Mapping[str, datetime] = _NOTHING_SEEN,
         holding: AbstractSet[str] = frozenset(),
         claims: Claims | None = None,
+        used: tuple[Reservation, ...] = (),
     ) -> CalendarReport:
         """What the snapshots on disk say, without asking any server (for a start-up)."""
         objects = {name: source.snapshot() for name, source in self.sources.items()}
-        return self._report(objects, now, first_seen, holding, claims)
+        return self._report(objects, now, first_seen, holding, claims, used)
 
     def _report(
         self,
@@ -159,9 +165,13 @@ class Calendars:
         first_seen: Mapping[str, datetime],
         holding: AbstractSet[str],
         claims: Claims | None = None,
+        used: tuple[Reservation, ...] = (),
     ) -> CalendarReport:
         window = self.config.reservations
         claims = claims or Claims()
+        # the host's groups are read here, at the edge, once per reading (when a limit is set)
+        rules = self.config.rules
+        facts = RuleFacts(now, used, host_members(rules) if rules.active else {})
         found = read_reservations(
             self.config,
             {name: list(items.items()) for name, items in objects.items()},
@@ -174,6 +184,7 @@ class Calendars:
             ended=claims.ended,
             origins=claims.origins,
             preemptible=claims.preemptible,
+            rule_facts=facts,
         )
         freshness = {}
         for name, source in self.sources.items():

@@ -211,6 +211,7 @@ def _rejection(reservation: Reservation, reason: str, key: str | None = None) ->
         email=reservation.email,
         start=reservation.start,
         end=reservation.end,
+        href=reservation.href,
     )
 
 

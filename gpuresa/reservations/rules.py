@@ -23,6 +23,7 @@ from zoneinfo import ZoneInfo
 
 from gpuresa.config.calendar_sections import CalendarConfig
 from gpuresa.config.sections import Config
+from gpuresa.fairshare.check import RuleFacts, apply_rules
 from gpuresa.ical.events import expand
 from gpuresa.ical.text import ParsedObject, parse_object
 from gpuresa.ical.window import outside_window
@@ -149,6 +150,7 @@ def read_reservations(
     origins: Mapping[str, tuple[str, str]] = _NO_ORIGINS,
     granted_gpus: Mapping[str, int] = NO_COUNTS,
     preemptible: AbstractSet[str] = frozenset(),
+    rule_facts: RuleFacts | None = None,
 ) -> ReservationSet:
     """What all calendars ask for over the window, with over-booking decided.
 
@@ -164,6 +166,12 @@ def read_reservations(
     conflicting). A UID found in two calendars or objects counts once, where
     gpuresa first saw it (`origins`, see `gpuresa.reservations.claims`); every other copy
     is refused with its reason.
+
+    With `rule_facts` (the time of the reading and what the journal and the
+    host know, see `gpuresa.fairshare.check`), the fair-share rules of
+    `config.rules` refuse what breaks a user's limits before over-booking is
+    decided, so a refused booking takes no GPU from others; without, no rule
+    is applied.
     """
     if variants is None:
         from gpuresa.reservations.catalog import template_variants
@@ -171,6 +179,17 @@ def read_reservations(
         variants = template_variants(config)
     found = _read_all(config, objects_by_calendar, window_start, window_end, variants, origins)
     found = replace(found, reservations=moved_after_end(found.reservations, ended))
+    if rule_facts is not None and config.rules.active:
+        kept, refused = apply_rules(
+            found.reservations,
+            config.rules,
+            rule_facts,
+            ZoneInfo(config.reservations.timezone),
+            first_seen=first_seen,
+            holding=holding,
+            preemptible=preemptible,
+        )
+        found = ReservationSet(tuple(kept), (*found.rejected, *refused))
     return _resolve(found, config, first_seen, holding, granted, granted_gpus, preemptible)
 
 

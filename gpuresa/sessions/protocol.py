@@ -146,6 +146,11 @@ class SessionBackend(Protocol):
         """Record and show the session's new end."""
         ...
 
+    def used(self, key: str) -> bool | None:
+        """Whether the session's user has logged in (SSH, SFTP or FTP) since it started;
+        None when the backend cannot tell or the session does not run."""
+        ...
+
     def signal(self, key: str, number: Signals) -> int:
         """Send `number` to the user's processes of the session; how many got it (0: none)."""
         ...

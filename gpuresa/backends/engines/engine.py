@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import logging
+import tarfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -378,12 +379,27 @@ class Engine:
             streams.append(data.decode(errors="replace") if isinstance(data, bytes) else str(data))
         return streams[0], streams[1]
 
-    def logs(self, container: str, lines: int = 30) -> str:
-        """The last `lines` lines a container wrote; empty when it cannot be read."""
+    def logs(self, container: str, lines: int | None = 30) -> str:
+        """The last `lines` lines a container wrote (None: all); empty when unreadable."""
+        tail = "all" if lines is None else lines
         try:
             output = self._call(
-                f"read the log of {container}", None, self.api.logs, container, tail=lines
+                f"read the log of {container}", None, self.api.logs, container, tail=tail
             )
         except EngineRefused:
             return ""
         return output.decode(errors="replace") if isinstance(output, bytes) else str(output)
+
+    def read_file(self, container: str, path: str, key: str | None = None) -> bytes | None:
+        """The file `path` of `container` (a tar stream, read whole); None when it has none."""
+        try:
+            stream, _ = self._call(
+                f"read {path} in {container}", key, self.api.get_archive, container, path
+            )
+            data = b"".join(stream)
+        except EngineRefused:
+            return None
+        with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+            member = next((item for item in archive.getmembers() if item.isfile()), None)
+            handle = archive.extractfile(member) if member is not None else None
+            return handle.read() if handle is not None else None

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from gpuresa.backends.engines import firewall, garbage, stopping
 from gpuresa.backends.engines.engines import EngineKind
 from gpuresa.backends.engines.host_sessions import HostSessions
+from gpuresa.backends.engines.logins import session_used
 from gpuresa.backends.engines.lookup import (
     Found,
     by_key,
@@ -320,6 +321,14 @@ class Runtime:
             log.warning("%s: could not start wall: %s", key, error)
             return
         log.info("%s: message shown: %s", key, text)
+
+    def used(self, key: str) -> bool | None:
+        """The protocol's `used`: the session's logs (`logins.session_used`)."""
+        found = self.sessions.find(key)
+        session = self.sessions.session_of(key, found)
+        if session is None or session.state != "running":
+            return None
+        return session_used(self.engine, found, session.user, key)
 
     def signal(self, key: str, number: Signals) -> int:
         """The protocol's `signal`, sent from the host (`stopping.signal_processes`)."""

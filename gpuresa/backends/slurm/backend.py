@@ -40,7 +40,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from signal import Signals
 
-from gpuresa.access import AccessError, authorized_keys, check_login, host_account
+from gpuresa.access import AccessError, check_login, host_account
 from gpuresa.backends.slurm.answering import wait_for_job_sshd
 from gpuresa.backends.slurm.container import JobContainers
 from gpuresa.backends.slurm.gateway import Job, Node, SlurmGateway
@@ -49,6 +49,7 @@ from gpuresa.backends.slurm.jobscript import PASSED_ON, JobSettings, job_script
 from gpuresa.backends.slurm.placement import node_for
 from gpuresa.backends.slurm.records import Record, Records
 from gpuresa.backends.slurm.reserver import Reserver
+from gpuresa.backends.slurm.run_folders import login_in_job_log, make_run_folders
 from gpuresa.config.capabilities import SLURM
 from gpuresa.config.sections import Config
 from gpuresa.model import Session, SessionSpec
@@ -329,6 +330,11 @@ class SlurmBackend:
     def message(self, key: str, text: str) -> None:
         self.files.show_message(key, text, datetime.now(UTC))
 
+    def used(self, key: str) -> bool | None:
+        """The protocol's `used`: the job's log, where its sshd writes (`jobscript`)."""
+        record = self.records.get(key)
+        return None if record is None else login_in_job_log(self.runs, record)
+
     def signal(self, key: str, number: Signals) -> int:
         """`number` to the batch script of the session's own running job, which passes it on
         to the session's processes but its sshd and container (`jobscript`). Slurm does not
@@ -384,28 +390,8 @@ class SlurmBackend:
     # --- files ----------------------------------------------------------------------------
 
     def _make_folders(self, record: Record) -> None:
-        account = host_account(record.user)
-        if account is None:
-            raise SessionError(f"{record.user!r} has no account on the cluster")
-        try:
-            keys = authorized_keys(record.user, self.config.users)
-        except AccessError as error:
-            raise SessionError(str(error)) from None
-        self.files.show_file(record.key, "authorized_keys", keys)
-        os.chown(self.files.path(record.key), 0, account.gid)
+        make_run_folders(self.config, self.files, self.runs, record)
         self._show(record)
-        output = Path(record.output)
-        owner_dir = self.config.storage.output_root / record.user
-        owner_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
-        os.chown(owner_dir, 0, account.gid)
-        output.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chown(output, account.uid, account.gid)
-        run = self.runs / record.name
-        # traversed by each job to its own run folder (the login's, with its log), never listed
-        self.runs.mkdir(mode=0o711, parents=True, exist_ok=True)
-        os.chmod(self.runs, 0o711)
-        run.mkdir(mode=0o700, exist_ok=True)
-        os.chown(run, account.uid, account.gid)
 
     def _show(self, record: Record) -> None:
         session = record.session("created", Path(record.output))

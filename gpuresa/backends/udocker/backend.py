@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import socket
 import time
 from collections.abc import Collection
 from datetime import UTC, datetime, timedelta
@@ -25,11 +26,11 @@ from signal import Signals
 from gpuresa.access import AccessError, Account, authorized_keys, host_account
 from gpuresa.backends.udocker import launch, listening, stopping, tools
 from gpuresa.backends.udocker.cgroups import CGROUP_ROOT, SessionCgroup, remove_others
-from gpuresa.backends.udocker.devices import denied_devices, driver_volumes
+from gpuresa.backends.udocker.devices import denied_devices
 from gpuresa.backends.udocker.host import check_host, login_output, session_account
 from gpuresa.backends.udocker.images import UdockerImages, container_exists, make_container
 from gpuresa.backends.udocker.records import Record, Records, write_file
-from gpuresa.backends.udocker.run_command import session_run
+from gpuresa.backends.udocker.run_command import start_container
 from gpuresa.config.capabilities import UDOCKER
 from gpuresa.config.sections import Config, HostConfig
 from gpuresa.gpus.devices import HostGpus, host_gpu_access
@@ -39,6 +40,7 @@ from gpuresa.sessions.errors import SessionError
 from gpuresa.sessions.files import SessionFacts, SessionFiles, end_text, session_facts
 from gpuresa.sessions.labels import MAIN_ROLE, safe_key, utc_text
 from gpuresa.sessions.limits import SessionLimits, local_totals, session_limits
+from gpuresa.sessions.logins import ssh_login_seen
 from gpuresa.sessions.records import EndRecords
 from gpuresa.sessions.specs import check_spec, new_spec
 
@@ -212,12 +214,19 @@ class UdockerBackend:
         del keys  # checked now; written when the gate opens
         gpu = host_gpu_access(self.host, spec.gpu_indices)
         self._end(key, finish=False)
+        # the port first: taken, the session fails at once, before a container is made for
+        # nothing; held, nobody can take it while the container starts
+        bound = listening.bind(self.host.bind_address or "0.0.0.0", spec.ssh_port)
         self.files.close_gate(key, self._gate_text(spec))
         output_dir = login_output(self.config, spec, account)
         # a name of its own each time: the removal of an earlier one may still run
         container = f"gpuresa-{safe_key(key)[:40]}-{secrets.token_hex(4)}"
         record = Record(spec, account.uid, account.gid, output_dir, container)
-        folder = self.records.write(record)
+        try:
+            folder = self.records.write(record)
+        except BaseException:
+            bound.close()
+            raise
         self.ends.forget(key)
         try:
             files = self.files.show_facts(key, self.facts(spec), self.config.reservations.timezone)
@@ -234,7 +243,10 @@ class UdockerBackend:
             cgroup = self.cgroup(key)
             cgroup.create(self.limits(spec), self.config.limits.pids)
             cgroup.deny_devices(denied_devices(gpu.devices))
-            self._start_container(spec, record, gpu.devices, gpu.mounts, gpu.environment, files)
+            start_container(
+                self.config, account, record, files, gpu, self.root, cgroup,
+                folder / "udocker.log",
+            )  # fmt: skip
             launch.wait_for(
                 "the session's container",
                 lambda: launch.container_init(cgroup, account.uid),
@@ -242,20 +254,22 @@ class UdockerBackend:
             )
             init = launch.container_init(cgroup, account.uid)
             write_file(folder / "container.pid", f"{init}\n")
-            self._listen(record, deadline)
+            self._listen(record, deadline, bound)
         except SessionError as error:
             logs = self.records.log_tail(key)
             self._end(key, finish=False)
             raise SessionError(f"session {key} could not be prepared: {error}{logs}") from None
+        finally:
+            bound.close()  # the listener has its own copy (or none was started)
         log.info(
             "%s: prepared for %s as uid %d (udocker, template %s, GPUs %s, ssh %d)",
             key, spec.user, account.uid, spec.template, list(spec.gpu_indices), spec.ssh_port,
         )  # fmt: skip
         return self._session(record, "created")
 
-    def _listen(self, record: Record, deadline: float) -> None:
+    def _listen(self, record: Record, deadline: float, bound: socket.socket | None = None) -> None:
         folder, address = self.records.folder(record.spec.key), self.host.bind_address
-        listening.start(self.cgroup(record.spec.key), record, folder, address, deadline)
+        listening.start(self.cgroup(record.spec.key), record, folder, address, deadline, bound)
 
     def _listen_again(self, key: str, ready_timeout: float) -> Session | None:
         """The session; one whose container runs but whose listener is gone gets a new
@@ -274,37 +288,6 @@ class UdockerBackend:
             return existing
         log.warning("%s: its port had no listener; one listens again", key)
         return self._session(record)
-
-    def _start_container(
-        self,
-        spec: SessionSpec,
-        record: Record,
-        devices: list[dict[str, str]],
-        mounts: list[dict[str, object]],
-        environment: dict[str, str],
-        files: Path,
-    ) -> None:
-        account = host_account(spec.user) or Account(spec.user, record.uid, record.gid, Path("/"))
-        run = session_run(
-            self.config,
-            account,
-            spec.key,
-            spec.template,
-            spec.cuda,
-            record.container,
-            files,
-            record.output_dir,
-            volumes=driver_volumes(self.root, mounts),
-            devices=[device["PathOnHost"] for device in devices],
-            values=environment,
-        )
-        launch.spawn(
-            self.cgroup(spec.key),
-            account,
-            run.head + run.tail,
-            run.environment,
-            self.records.folder(spec.key) / "udocker.log",
-        )
 
     # --- the end of a session --------------------------------------------------------------
 
@@ -363,6 +346,14 @@ class UdockerBackend:
         except SessionError as error:
             log.warning("%s: %s", key, error)
         log.info("%s: message shown: %s", key, text)
+
+    def used(self, key: str) -> bool | None:
+        """The protocol's `used`: the login's sshd log (SSH and SFTP; no FTP here). The
+        login could write there itself, which buys nothing a login would not."""
+        record = self.records.read(key)
+        if record is None:
+            return None
+        return ssh_login_seen(self.records.log_text(key, "sshd.log"), record.spec.user)
 
     def signal(self, key: str, number: Signals) -> int:
         """The protocol's `signal`: to the cgroup's members but the session's machinery."""

@@ -56,20 +56,28 @@ def bind(address: str, port: int) -> socket.socket:
 
 
 def start(
-    cgroup: SessionCgroup, record: Record, folder: Path, address: str, deadline: float
+    cgroup: SessionCgroup,
+    record: Record,
+    folder: Path,
+    address: str,
+    deadline: float,
+    bound: socket.socket | None = None,
 ) -> int:
-    """Bind the session's port on `address`, start its listener in `cgroup` and wait until
-    the login's sshd greets through it; returns the listener's pid (also kept in `folder`).
+    """Bind the session's port on `address` (or take `bound`, a socket `bind` gave for it,
+    which is closed here), start its listener in `cgroup` and wait until the login's sshd
+    greets through it; returns the listener's pid (also kept in `folder`).
 
     Raises `SessionError` when the port is taken, the login is not the record's any more,
     or nothing greets by `deadline`.
     """
     account = host_account(record.spec.user)
     if account is None or account.uid != record.uid:
+        if bound is not None:
+            bound.close()
         raise SessionError(f"login {record.spec.user!r} is not uid {record.uid} any more")
     address, port = address or "0.0.0.0", record.spec.ssh_port
     config_file = folder / "sshd_config"
-    listener = bind(address, port)
+    listener = bound if bound is not None else bind(address, port)
     try:
         command = [
             sys.executable, "-I", str(LISTENER), str(listener.fileno()),

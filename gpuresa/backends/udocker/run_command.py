@@ -15,8 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from gpuresa.access import Account
-from gpuresa.backends.udocker import tools
+from gpuresa.backends.udocker import launch, tools
+from gpuresa.backends.udocker.cgroups import SessionCgroup
+from gpuresa.backends.udocker.devices import driver_volumes
+from gpuresa.backends.udocker.records import Record
 from gpuresa.config.sections import Config
+from gpuresa.gpus.access import GpuAccess
 from gpuresa.sessions.labels import SESSION_FILES_TARGET
 from gpuresa.sessions.templates import resolve_template
 
@@ -75,3 +79,32 @@ def session_run(
         },
     )
     return RunCommand(tools.udocker_command(config, arguments), tail, environment)
+
+
+def start_container(
+    config: Config,
+    account: Account,
+    record: Record,
+    files: Path,
+    gpu: GpuAccess,
+    root: Path,
+    cgroup: SessionCgroup,
+    log_file: Path,
+) -> None:
+    """Start the session's container (`session_run`) as `account`, in its `cgroup`, with
+    the GPUs `gpu` gives (device nodes, driver files under `root`); its output in `log_file`."""
+    spec = record.spec
+    run = session_run(
+        config,
+        account,
+        spec.key,
+        spec.template,
+        spec.cuda,
+        record.container,
+        files,
+        record.output_dir,
+        volumes=driver_volumes(root, gpu.mounts),
+        devices=[device["PathOnHost"] for device in gpu.devices],
+        values=gpu.environment,
+    )
+    launch.spawn(cgroup, account, run.head + run.tail, run.environment, log_file)

@@ -39,6 +39,7 @@ from xml.sax.saxutils import escape
 from gpuresa.config.calendar_sections import CalendarConfig
 from gpuresa.config.loading import read_secret
 from gpuresa.errors import UserError
+from gpuresa.ical.state_block import without_own_part
 from gpuresa.reservations.sources import (
     PollResult,
     SourceError,
@@ -182,11 +183,15 @@ class CalDAVSource:
             elif href not in objects:
                 objects[href] = found
                 added.add(href)
-            elif objects[href].data != found.data:
+            elif objects[href].data != found.data and without_own_part(
+                objects[href].data
+            ) != without_own_part(found.data):
                 objects[href] = found
                 modified.add(href)
             else:
-                objects[href] = found  # same data, new ETag
+                # same data, new ETag; or only gpuresa's own written state changed
+                # (`gpuresa.ical.state_block`): not a change of the booking
+                objects[href] = found
         self.last_changes = Changes(frozenset(added), frozenset(modified), frozenset(removed))
         changed = bool(added or modified or removed)
         token = changes.token

@@ -1,0 +1,95 @@
+"""No-shows: a firm session nobody logged into is warned, then released.
+
+Where a calendar or a host sets `release_unused`, a firm session whose user
+has not logged in (SSH, SFTP or FTP: what the backend's `used` tells) that
+long after its booking's start is ended, its output kept, and its booking
+holds its GPUs no more: preemptible and walk-in bookings may take them. The
+user is told `daemon.release_notice` before (or half of `release_unused`,
+if shorter), and the end comes no sooner than that notice after the telling,
+so a daemon that was down at the warning's time still warns before it
+releases; and it comes only once a check of the session's logins that began
+at that time or later found none (`Memory.unused_seen`). One login is enough,
+for good: what a user does afterwards is theirs to decide (a login that then
+leaves holds its booking as a login that stays would).
+
+Preemptible sessions are never released (they give way anyway), nor ad-hoc
+ones (an admin made them). Pure, like the planner.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from gpuresa.config.sections import Config
+from gpuresa.model import Reservation, Session
+from gpuresa.planning.actions import NotifyRelease, Stop
+from gpuresa.planning.facts import Memory
+
+
+def release_after(reservation: Reservation, config: Config) -> timedelta | None:
+    """How long after its start `reservation`'s session must have seen a login, or None
+    (never released): its calendar's `release_unused`, else its host's."""
+    if reservation.preemptible:
+        return None
+    for calendar in config.calendars:
+        if calendar.name == reservation.calendar and calendar.release_unused is not None:
+            return calendar.release_unused
+    for host in config.hosts:
+        if host.name == reservation.host:
+            return host.release_unused
+    return None
+
+
+def release_times(reservation: Reservation, config: Config) -> tuple[datetime, datetime] | None:
+    """(when the warning is due, when the session is released), or None when it never
+    is (release off, or a booking that ends before its release would come)."""
+    after = release_after(reservation, config)
+    if after is None:
+        return None
+    release_at = reservation.start + after
+    if release_at >= reservation.end:
+        return None
+    return release_at - release_notice(after, config), release_at
+
+
+def release_notice(after: timedelta, config: Config) -> timedelta:
+    """How long before its release a session is told: the daemon's notice, at most half
+    of the time it was given."""
+    return min(config.daemon.release_notice, after / 2)
+
+
+def release_action(
+    session: Session, reservation: Reservation, now: datetime, config: Config, memory: Memory
+) -> NotifyRelease | Stop | None:
+    """The warning or the release due for a running session with no login yet, else None."""
+    if session.state != "running" or session.key in memory.used:
+        return None
+    times = release_times(reservation, config)
+    if times is None:
+        return None
+    warn_at, release_at = times
+    told = memory.release_notified.get(session.key)
+    if told is not None and now >= told:
+        # only on a check that began at that time or later: a login just before counts
+        checked = memory.unused_seen.get(session.key)
+        if checked is None or checked < told:
+            return None
+        return Stop(session.key, reason="released", grace=config.daemon.stop_grace)
+    if told is None and now >= warn_at:
+        # told late (the daemon was down at warn_at): the whole notice all the same
+        notice = release_notice(release_at - reservation.start, config)
+        at = max(release_at, now + notice) if now > warn_at + timedelta(seconds=5) else release_at
+        return NotifyRelease(session.key, release_at=min(at, reservation.end))
+    return None
+
+
+def release_wakeups(reservation: Reservation, config: Config, memory: Memory) -> list[datetime]:
+    """The instants at which `release_action` may answer differently for `reservation`."""
+    if reservation.key in memory.used:
+        return []
+    times = release_times(reservation, config)
+    instants = list(times) if times is not None else []
+    told = memory.release_notified.get(reservation.key)
+    if told is not None:
+        instants.append(told)
+    return instants
