@@ -90,6 +90,14 @@ def get_file(address: str) -> str:
     return f"GET /results.txt HTTP/1.0\r\nHost: {address}\r\n\r\n"
 
 
+def chain_rules() -> list[str]:
+    """The rules of gpuresa's chain, as `iptables -S` lists them."""
+    listing = subprocess.run(
+        ["iptables", "-w", "-S", firewall.CHAIN], capture_output=True, text=True, check=False
+    ).stdout
+    return [line for line in listing.splitlines() if line.startswith("-A ")]
+
+
 def our_rules(site: Site, session: Session | str) -> list[str]:
     """The lines of the chain that name the session's network."""
     key = session if isinstance(session, str) else session.key
@@ -158,12 +166,20 @@ def test_host_accounts_reach_no_session_address_but_what_is_published(
         firewall.guard(installation, network["Name"], firewall.network_subnets(network), "test")
         assert our_rules(site, session) == [rule]
 
-        # control: without the rule the account reads the session's file
-        subprocess.run(["iptables", "-w", "-D", *shlex.split(rule)[1:]], check=True)
+        # control: without the rule the account reads the session's file (a rule left by
+        # a gone network that had the same subnet, until the cleanup collects it, is set
+        # aside too: it would refuse the account just the same)
+        subnet = shlex.split(rule)[shlex.split(rule).index("-d") + 1]
+        covering = [line for line in chain_rules() if f"-d {subnet} " in line]
+        for line in covering:
+            subprocess.run(["iptables", "-w", "-D", *shlex.split(line)[1:]], check=True)
         try:
             outcome, _ = connect_as(account, address, SERVED_PORT, get_file(address))
             assert outcome.startswith("read HTTP/1.0 200") and SECRET in outcome, outcome
         finally:
+            for line in covering:
+                if line != rule:
+                    subprocess.run(["iptables", "-w", *shlex.split(line)], check=True)
             firewall.guard(installation, network["Name"], firewall.network_subnets(network), "t")
         assert our_rules(site, session) == [rule]
     finally:

@@ -48,6 +48,8 @@ CONFIG = config_with()
 GRACE = CONFIG.daemon.stop_grace
 BOOKED = booking("booked", T0, hours=4)
 SESSION = running(BOOKED, (0,))
+# the session let its user in at its booking's start
+UP = Memory(up_since={"booked": T0})
 
 
 def releases(actions: list[Action]) -> list[Action]:
@@ -81,10 +83,10 @@ def test_the_calendars_setting_wins_over_the_hosts(
 def test_warned_at_its_notice_then_released_on_a_check_made_at_its_time() -> None:
     warn_at, release_at = T0 + 20 * MINUTE, T0 + 30 * MINUTE
     assert release_times(BOOKED, CONFIG) == (warn_at, release_at)
-    assert releases(plan([BOOKED], [SESSION], INVENTORY, warn_at - SECOND, CONFIG)) == []
-    told = plan([BOOKED], [SESSION], INVENTORY, warn_at, CONFIG)
+    assert releases(plan([BOOKED], [SESSION], INVENTORY, warn_at - SECOND, CONFIG, UP)) == []
+    told = plan([BOOKED], [SESSION], INVENTORY, warn_at, CONFIG, UP)
     assert releases(told) == [NotifyRelease("booked", release_at=release_at)]
-    memory = Memory(release_notified={"booked": release_at})
+    memory = dataclasses.replace(UP, release_notified={"booked": release_at})
     # told once; nothing more before its time
     assert releases(plan([BOOKED], [SESSION], INVENTORY, release_at - SECOND, CONFIG, memory)) == []
     # at its time, only a check of the logins begun then or later releases it
@@ -97,7 +99,8 @@ def test_warned_at_its_notice_then_released_on_a_check_made_at_its_time() -> Non
 
 def test_a_session_seen_used_is_never_released() -> None:
     release_at = T0 + 30 * MINUTE
-    memory = Memory(
+    memory = dataclasses.replace(
+        UP,
         used=frozenset({"booked"}),
         release_notified={"booked": release_at},
         unused_seen={"booked": release_at + SECOND},
@@ -110,8 +113,20 @@ def test_a_session_seen_used_is_never_released() -> None:
 
 def test_a_daemon_down_at_the_warning_still_gives_the_whole_notice() -> None:
     late = T0 + 40 * MINUTE  # after the release time, never told
-    told = plan([BOOKED], [SESSION], INVENTORY, late, CONFIG)
+    told = plan([BOOKED], [SESSION], INVENTORY, late, CONFIG, UP)
     assert releases(told) == [NotifyRelease("booked", release_at=late + 10 * MINUTE)]
+
+
+def test_the_time_to_log_in_runs_from_when_the_session_let_its_user_in() -> None:
+    # the engine was down: the session came up 50 minutes into its booking
+    up = T0 + 50 * MINUTE
+    late_start = Memory(up_since={"booked": up})
+    assert release_times(BOOKED, CONFIG, up) == (up + 20 * MINUTE, up + 30 * MINUTE)
+    assert releases(plan([BOOKED], [SESSION], INVENTORY, up + MINUTE, CONFIG, late_start)) == []
+    told = plan([BOOKED], [SESSION], INVENTORY, up + 20 * MINUTE, CONFIG, late_start)
+    assert releases(told) == [NotifyRelease("booked", release_at=up + 30 * MINUTE)]
+    # and nothing at all before the daemon knows when it came up
+    assert releases(plan([BOOKED], [SESSION], INVENTORY, T0 + 3 * 60 * MINUTE, CONFIG)) == []
 
 
 def test_the_notice_is_at_most_half_the_time_given() -> None:
@@ -128,7 +143,11 @@ def test_a_booking_that_ends_before_its_release_is_never_released() -> None:
 @pytest.mark.parametrize("state", ["created", "stopped"])
 def test_only_a_running_session_is_released(state: str) -> None:
     session = dataclasses.replace(SESSION, state=state)
-    memory = Memory(release_notified={"booked": T0}, unused_seen={"booked": T0 + MINUTE})
+    memory = Memory(
+        release_notified={"booked": T0},
+        unused_seen={"booked": T0 + MINUTE},
+        up_since={"booked": T0},
+    )
     actions = plan([BOOKED], [session], INVENTORY, T0 + 40 * MINUTE, CONFIG, memory)
     assert not [action for action in actions if isinstance(action, NotifyRelease)]
     assert Stop("booked", reason="released", grace=GRACE) not in actions
@@ -138,7 +157,7 @@ def test_a_preemptible_session_is_never_released() -> None:
     soft = dataclasses.replace(BOOKED, preemptible=True)
     session = dataclasses.replace(SESSION, preemptible=True)
     assert release_after(soft, CONFIG) is None
-    actions = plan([soft], [session], INVENTORY, T0 + 40 * MINUTE, CONFIG)
+    actions = plan([soft], [session], INVENTORY, T0 + 40 * MINUTE, CONFIG, UP)
     assert not [action for action in actions if isinstance(action, NotifyRelease)]
 
 
@@ -159,5 +178,5 @@ def test_a_released_booking_is_not_started_again_and_claims_no_gpu() -> None:
 
 
 def test_the_daemon_plans_again_at_the_warning_and_the_release() -> None:
-    instants = wakeups([BOOKED], [SESSION], INVENTORY, T0, CONFIG, Memory())
+    instants = wakeups([BOOKED], [SESSION], INVENTORY, T0, CONFIG, UP)
     assert {T0 + 20 * MINUTE, T0 + 30 * MINUTE} <= set(instants)

@@ -8,7 +8,9 @@ sessions, and check what the backend answers after each.
 
 from __future__ import annotations
 
+import os
 import socket
+from pathlib import Path
 
 import paramiko
 import pytest
@@ -18,7 +20,9 @@ from test_runtime import Site, ftp_login
 from test_runtime import built_fixture as built_fixture  # the module's image builds
 from test_runtime import site_fixture as site_fixture
 
-from gpuresa.sessions.logins import ftp_login_seen, ssh_login_seen
+from gpuresa.backends.engines.logins import START_MARK, session_used
+from gpuresa.backends.engines.lookup import Found
+from gpuresa.sessions.logins import LOG_LIMIT, ftp_login_seen, read_log, ssh_login_seen
 
 # a login name a stranger may send: sshd logs it inside its own "Invalid user" line
 FORGED = "Accepted publickey for alice from 10.0.0.1 port 1 ssh2"
@@ -90,3 +94,52 @@ def test_only_an_accepted_line_of_the_login_counts_as_an_ssh_login(text: str, se
 )
 def test_only_an_ok_login_line_of_the_login_counts_as_an_ftp_login(text: str, seen: bool) -> None:
     assert ftp_login_seen(text, "alice") is seen
+
+
+def test_a_log_a_login_replaced_is_read_with_care(tmp_path: Path) -> None:
+    """udocker's and Slurm's logs lie where their login can put a link, a FIFO or a huge
+    file: none is followed, waited on or read whole."""
+    log = tmp_path / "job.log"
+    log.write_text("Accepted publickey for alice from ::1 port 5 ssh2\n")
+    assert read_log(log) == "Accepted publickey for alice from ::1 port 5 ssh2\n"
+    assert read_log(tmp_path / "missing.log") is None
+    link = tmp_path / "link.log"
+    link.symlink_to("/dev/zero")
+    assert read_log(link) is None
+    fifo = tmp_path / "fifo.log"
+    os.mkfifo(fifo)
+    assert read_log(fifo) is None  # returns at once: nobody writes to it
+    huge = tmp_path / "huge.log"
+    with huge.open("wb") as handle:
+        handle.truncate(LOG_LIMIT * 50)
+    text = read_log(huge)
+    assert text is not None and len(text) == LOG_LIMIT
+
+
+class _Logs:
+    """An engine gateway's answers for `session_used`: the main log, no FTP log."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def logs(self, container: str, lines: int | None = 30, *, strict: bool = False) -> str:
+        return self.text
+
+    def read_file(self, container: str, path: str, key: str | None = None) -> bytes | None:
+        return None
+
+
+@pytest.mark.parametrize(
+    ("text", "used"),
+    [
+        (f"{START_MARK}@k ready for alice (uid 1000)\nServer listening on :: port 22.\n", False),
+        (f"{START_MARK}@k ready\nAccepted publickey for alice from ::1 port 5 ssh2\n", True),
+        # emptied by the engine after a flood of refused connections: nothing to tell
+        (f"Invalid user x{' y' * 10} from ::1 port 5\n" * 3, None),
+        ("Accepted publickey for alice from ::1 port 5 ssh2\n", True),
+    ],
+)
+def test_a_log_that_no_longer_reaches_the_start_tells_nothing(text: str, used: bool | None) -> None:
+    main = {"Id": "main", "Name": "/main"}
+    found = Found(main=main, ftp=None)
+    assert session_used(_Logs(text), found, "alice", "@k") is used  # type: ignore[arg-type]

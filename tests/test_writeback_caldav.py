@@ -33,7 +33,14 @@ from gpuresa.journal.store import Journal
 from gpuresa.journal.writeback import WriteBackRow
 from gpuresa.model import Rejection, Reservation, Session, SessionSpec
 from gpuresa.reservations.sources.caldav import CalDAVSource
-from gpuresa.reservations.sources.caldav_write import Account, CalDAVWriter
+from gpuresa.reservations.sources.caldav_write import (
+    Account,
+    CalDAVWriter,
+    ObjectRefused,
+    WriteConflict,
+    WriteFailed,
+    WriteRefused,
+)
 from gpuresa.writeback.mirror import mirror_uid
 from gpuresa.writeback.notes import CalendarNotes
 from gpuresa.writeback.standing import OFF_FACT, write_back_status
@@ -472,3 +479,21 @@ def test_the_writer_says_when_the_account_cannot_write(tmp_path: Path) -> None:
         assert CalDAVWriter(own, 5).write_problem() is None
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize(
+    ("status", "one_object", "raised"),
+    [
+        (403, True, ObjectRefused),  # one event refused (private, too big): that one alone
+        (403, False, WriteRefused),  # the calendar refused: write-back turned off
+        (401, True, WriteRefused),  # the account's password: everywhere
+        (412, True, WriteConflict),
+        (500, True, WriteFailed),
+    ],
+)
+def test_only_the_calendar_refusing_the_account_turns_write_back_off(
+    status: int, one_object: bool, raised: type[Exception]
+) -> None:
+    account = Account("http://127.0.0.1:9/u/c/", None, None, None, "basic", True, "calendars[c]")
+    with pytest.raises(raised):
+        CalDAVWriter(account, 1)._raise_for(status, "No", "writing", one_object=one_object)

@@ -59,6 +59,8 @@ class Remembered:
     release_notified: dict[str, datetime] = field(default_factory=dict)
     # when the latest check that found no login in a session began (`daemon.logins`)
     unused_seen: dict[str, datetime] = field(default_factory=dict)
+    # since when each running session lets its user in (its wait for a login starts then)
+    up_since: dict[str, datetime] = field(default_factory=dict)
 
     @classmethod
     def load(cls, journal: Journal) -> Remembered:
@@ -131,14 +133,24 @@ class Remembered:
             journal.facts.delete(RELEASE_NOTIFIED + key)
         for key in set(self.unused_seen) - present:
             del self.unused_seen[key]
+        running = {session.key for session in sessions if session.state == "running"}
+        for key in running - set(self.up_since):
+            # the journal's time of its start, or (adopted after a restart in another
+            # state) now: never earlier than its user could log in
+            since = journal.states.since(key) if journal.states.get(key) == "running" else None
+            self.up_since[key] = since or now
+        for key in set(self.up_since) - running:
+            del self.up_since[key]
         for key in self.used - present - busy - wanted:
             self.used.discard(key)
             journal.facts.delete(USED + key)
         states = journal.states.all()
-        # a preempted or released booking stays done while the calendars show it; then its
-        # note goes
-        preempted = _done_for_good(journal, PREEMPTED, wanted | present)
-        released = _done_for_good(journal, RELEASED, wanted | present)
+        # a preempted or released booking stays done while the journal keeps its state (a
+        # booking gone from the calendars for a while, then back, is still done); its note
+        # goes when the journal trims the booking
+        kept = wanted | present | set(states)
+        preempted = _done_for_good(journal, PREEMPTED, kept)
+        released = _done_for_good(journal, RELEASED, kept)
         specs: dict[str, SessionSpec | None] = {
             key: entry.payload if isinstance(entry.payload, SessionSpec) else None
             for key, entry in in_flight.items()
@@ -161,6 +173,7 @@ class Remembered:
             used=frozenset(self.used),
             release_notified=dict(self.release_notified),
             unused_seen=dict(self.unused_seen),
+            up_since=dict(self.up_since),
             released=frozenset(released),
         )
 

@@ -7,6 +7,7 @@ and never touches the loop's state.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -20,6 +21,8 @@ from gpuresa.gpus.usage_store import USAGE_FILE
 from gpuresa.observe.state import CalendarView, Published, build_state
 from gpuresa.reports.live import UsageWatch
 from gpuresa.reports.reading import JOURNAL_FILE
+
+log = logging.getLogger(__name__)
 
 
 class Publisher:
@@ -40,6 +43,7 @@ class Publisher:
         self.usage = UsageWatch(
             state_dir / JOURNAL_FILE, state_dir / USAGE_FILE, started=tools.clock.now()
         )
+        self.usage_running = False
 
     def publish(self) -> None:
         """Swap in a new picture (only what the loop holds)."""
@@ -72,4 +76,15 @@ class Publisher:
             # a scheduler places the GPUs: what is free is a count over time
             places_gpus=host_capabilities(config.host()).places_gpus,
         )
-        self.published.publish(replace(state, usage=self.usage.refresh(now, config)))
+        if self.usage.due(now) and not self.usage_running:
+            # read off the loop: the journal, and groups from a directory that may hang
+            self.usage_running = True
+            self.tools.background(
+                "usage", lambda: self.usage.refresh(now, config), self._usage_read
+            )
+        self.published.publish(replace(state, usage=self.usage.view))
+
+    def _usage_read(self, result: object) -> None:
+        self.usage_running = False
+        if isinstance(result, Exception):
+            log.warning("usage figures not read: %s", result)

@@ -155,4 +155,5 @@ def _rejection(reservation: Reservation, reason: str) -> Rejection:
         email=reservation.email,
         start=reservation.start,
         end=reservation.end,
+        href=reservation.href,
     )

@@ -51,6 +51,8 @@ class Memory:
     release_notified: the release time each unused session was told of;
     unused_seen: when the latest check that found no login in a session began
         (a session is released only on a check begun at or after its time);
+    up_since: since when each running session lets its user in (its time to be
+        used counts from then, or from its booking's start if later);
     released: keys whose session was released for want of a login: done, and
         their bookings hold GPUs no more.
     """
@@ -69,6 +71,7 @@ class Memory:
     used: frozenset[str] = frozenset()
     release_notified: Mapping[str, datetime] = field(default_factory=dict)
     unused_seen: Mapping[str, datetime] = field(default_factory=dict)
+    up_since: Mapping[str, datetime] = field(default_factory=dict)
     released: frozenset[str] = frozenset()
 
     def missing_deadline(self, key: str, now: datetime, config: Config) -> datetime:

@@ -13,7 +13,9 @@ for good: what a user does afterwards is theirs to decide (a login that then
 leaves holds its booking as a login that stays would).
 
 Preemptible sessions are never released (they give way anyway), nor ad-hoc
-ones (an admin made them). Pure, like the planner.
+ones (an admin made them). The time runs from the booking's start, or from
+when the session let its user in if that came later (`Memory.up_since`): a
+start the engine delayed costs the user nothing. Pure, like the planner.
 """
 
 from __future__ import annotations
@@ -40,13 +42,17 @@ def release_after(reservation: Reservation, config: Config) -> timedelta | None:
     return None
 
 
-def release_times(reservation: Reservation, config: Config) -> tuple[datetime, datetime] | None:
+def release_times(
+    reservation: Reservation, config: Config, up_since: datetime | None = None
+) -> tuple[datetime, datetime] | None:
     """(when the warning is due, when the session is released), or None when it never
-    is (release off, or a booking that ends before its release would come)."""
+    is (release off, or a booking that ends before its release would come). The time
+    runs from the booking's start, or from when its session let its user in (`up_since`)
+    if later: a late start (an engine slow or down) costs the user nothing."""
     after = release_after(reservation, config)
     if after is None:
         return None
-    release_at = reservation.start + after
+    release_at = max(reservation.start, up_since or reservation.start) + after
     if release_at >= reservation.end:
         return None
     return release_at - release_notice(after, config), release_at
@@ -62,9 +68,10 @@ def release_action(
     session: Session, reservation: Reservation, now: datetime, config: Config, memory: Memory
 ) -> NotifyRelease | Stop | None:
     """The warning or the release due for a running session with no login yet, else None."""
-    if session.state != "running" or session.key in memory.used:
+    up_since = memory.up_since.get(session.key)
+    if session.state != "running" or session.key in memory.used or up_since is None:
         return None
-    times = release_times(reservation, config)
+    times = release_times(reservation, config, up_since)
     if times is None:
         return None
     warn_at, release_at = times
@@ -77,7 +84,7 @@ def release_action(
         return Stop(session.key, reason="released", grace=config.daemon.stop_grace)
     if told is None and now >= warn_at:
         # told late (the daemon was down at warn_at): the whole notice all the same
-        notice = release_notice(release_at - reservation.start, config)
+        notice = release_notice(release_after(reservation, config) or timedelta(0), config)
         at = max(release_at, now + notice) if now > warn_at + timedelta(seconds=5) else release_at
         return NotifyRelease(session.key, release_at=min(at, reservation.end))
     return None
@@ -85,9 +92,10 @@ def release_action(
 
 def release_wakeups(reservation: Reservation, config: Config, memory: Memory) -> list[datetime]:
     """The instants at which `release_action` may answer differently for `reservation`."""
-    if reservation.key in memory.used:
+    up_since = memory.up_since.get(reservation.key)
+    if reservation.key in memory.used or up_since is None:
         return []
-    times = release_times(reservation, config)
+    times = release_times(reservation, config, up_since)
     instants = list(times) if times is not None else []
     told = memory.release_notified.get(reservation.key)
     if told is not None:

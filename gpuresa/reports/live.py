@@ -1,7 +1,8 @@
 """The daemon's usage figures: this week's table for the status page, counters for Prometheus.
 
 `UsageWatch.refresh(now, …)` reads the journal and the usage store (once per
-`EVERY`, see `due`) and returns a `UsageView`: the week's report by user, and
+`EVERY`, see `due`; the daemon runs it off its loop, since looking up groups
+may wait on the host's directory) and returns a `UsageView`: the week's report by user, and
 GPU-seconds booked and used counted since the daemon started.
 
 The counters grow by slices: each refresh adds what the slice [last refresh,
@@ -12,8 +13,9 @@ seconds are busy seconds (held × mean utilization, see
 `gpuresa.reports.usage`), taken with the mean known at each slice.
 
 Labels, with cardinality in mind: booked seconds carry `group` and `user`
-(the site's logins: tens to a few hundred, one series each, since each login
-counts for one group, see `gpuresa.reports.groups`); used seconds carry
+(the site's logins, `known_login`: tens to a few hundred, one series each,
+since each login counts for one group, see `gpuresa.reports.groups`; any
+other name a calendar gives counts as "(other)"); used seconds carry
 `group` only (a panel of use against bookings sums by group; per login, the
 report has it). Never a booking's key or a GPU: one series per booking would
 grow without end.
@@ -38,6 +40,18 @@ log = logging.getLogger(__name__)
 
 # how often the figures are read again: the page shows GPU-hours, a minute is fine
 EVERY = timedelta(minutes=1)
+# the `user` label of logins the site does not know: a calendar writer can name any number
+# of logins, and each would be a series of its own
+OTHER_LOGINS = "(other)"
+
+
+def known_login(login: str, config: Config) -> bool:
+    """Whether the site knows `login`: a key in `users.keys_dir`, or a uid or an e-mail
+    address in `[users]`."""
+    users = config.users
+    if login in users.uids or login in users.emails:
+        return True
+    return "/" not in login and (users.keys_dir / f"{login}.pub").is_file()
 
 
 @dataclass(frozen=True)
@@ -101,7 +115,7 @@ class UsageWatch:
             slice_report = usage_report(facts, Period(counted_to, now), "user", group_of, now)
             for row in slice_report.rows:
                 group = group_of(row.key)
-                key = (group, row.key)
+                key = (group, row.key if known_login(row.key, config) else OTHER_LOGINS)
                 self._booked[key] = self._booked.get(key, 0.0) + row.booked * HOUR
                 self._used[group] = self._used.get(group, 0.0) + row.busy * HOUR
             self._counted_to = now

@@ -5,12 +5,16 @@ from <address> port <n> …" once a login is let in, SSH and SFTP alike; the
 FTP sidecar's vsftpd logs "[<login>] OK LOGIN". Only whole lines in those
 forms count, from their start: sshd writes a name a client sent in the middle
 of its own lines ("Invalid user <name> from …"), so a name made to look like
-an "Accepted" line never starts one. Pure, for every backend.
+an "Accepted" line never starts one. Pure, for every backend, but for
+`read_log`, which reads a log a login may have replaced.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import stat
+from pathlib import Path
 
 # sshd -e writes bare lines; -E prefixes a syslog-style date and "sshd[pid]: "
 _SSHD_ACCEPTED = re.compile(
@@ -33,3 +37,34 @@ def ssh_login_seen(log_text: str, login: str) -> bool:
 def ftp_login_seen(log_text: str, login: str) -> bool:
     """Whether vsftpd's log `log_text` shows `login` let in."""
     return any(match["login"] == login for match in _FTP_OK_LOGIN.finditer(log_text))
+
+
+# how much of a log is read: a session's sshd writes a few lines per connection
+LOG_LIMIT = 4 * 1024 * 1024
+
+
+def read_log(path: Path) -> str | None:
+    """The first `LOG_LIMIT` bytes of the log file at `path`; None when it is not a regular
+    file or cannot be opened. A login that owns the folder or the file (udocker's, a
+    Slurm job's) may have put a link, a FIFO or a device there, or grown the file: no
+    link is followed, nothing waits on a FIFO, and the read is bounded."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            return None
+        chunks: list[bytes] = []
+        left = LOG_LIMIT
+        while left > 0:
+            chunk = os.read(descriptor, min(left, 1024 * 1024))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks).decode(errors="replace")
+    except OSError:
+        return None
+    finally:
+        os.close(descriptor)

@@ -42,6 +42,7 @@ from gpuresa.mail.outbox import retry_delay
 from gpuresa.reservations.sources.caldav_write import (
     Account,
     CalDAVWriter,
+    ObjectRefused,
     WriteConflict,
     WriteError,
     WriteFailed,
@@ -264,6 +265,9 @@ class WriteBackWorker:
         except WriteRefused as error:
             self._turn_off(calendar, str(error))
             self.journal.writeback.give_up(row.key, row.queued_at, now, str(error))
+        except ObjectRefused as error:
+            log.warning("%s: calendar write-back refused for this event: %s", row.key, error)
+            self.journal.writeback.give_up(row.key, row.queued_at, now, str(error))
         except WriteError as error:
             delay = retry_delay(row.attempts + 1)
             log.warning(
@@ -282,17 +286,24 @@ class WriteBackWorker:
         """The state into the booking's own event: read, edit gpuresa's part, write if
         unchanged since the read; on a race, again from the new copy."""
         writer = self._writer(calendar)
-        # a booking refused before it was ever recorded: its object found by its UID
-        href = row.href or writer.find(row.uid)
-        if href is None:
-            return  # no such event (any more)
+        # a booking refused before it was ever recorded: its object found by its UID (a
+        # search that also finds UIDs containing it: only the one equal to it is written)
+        for href in [row.href] if row.href else writer.find(row.uid):
+            if self._write_into(writer, href, row):
+                return
+
+    def _write_into(self, writer: CalDAVWriter, href: str, row: WriteBackRow) -> bool:
+        """Write the state into the object at `href` if it holds the booking's event;
+        whether it does (or did: gone, nothing to show the state in)."""
         for _ in range(CONFLICT_ATTEMPTS):
             fetched = writer.get(href)
             if fetched is None:
-                return  # the event is gone: nothing to show the state in
+                return True  # the event is gone: nothing to show the state in
             edited = write_block(fetched.data, row.uid, row.state, row.detail, row.text)
-            if edited is None or edited == fetched.data:
-                return  # no longer this booking's event, or it already says this
+            if edited is None:
+                return False  # not (or no longer) this booking's event
+            if edited == fetched.data:
+                return True  # it already says this
             if fetched.etag is None:
                 raise WriteFailed("the server gives no ETag: gpuresa writes only conditionally")
             try:
@@ -301,7 +312,7 @@ class WriteBackWorker:
                 # edited meanwhile by its user or the booking app: their edit wins
                 log.info("%s: the event changed while gpuresa wrote; reading it again", row.key)
                 continue
-            return
+            return True
         raise WriteFailed(f"the event changed {CONFLICT_ATTEMPTS} times while gpuresa wrote")
 
     def _write_mirror(self, calendar: CalendarConfig, row: WriteBackRow) -> None:

@@ -379,25 +379,29 @@ class Engine:
             streams.append(data.decode(errors="replace") if isinstance(data, bytes) else str(data))
         return streams[0], streams[1]
 
-    def logs(self, container: str, lines: int | None = 30) -> str:
-        """The last `lines` lines a container wrote (None: all); empty when unreadable."""
+    def logs(self, container: str, lines: int | None = 30, *, strict: bool = False) -> str:
+        """The last `lines` lines a container wrote (None: all); empty when unreadable, or
+        (`strict`) the engine's error raised."""
         tail = "all" if lines is None else lines
         try:
             output = self._call(
                 f"read the log of {container}", None, self.api.logs, container, tail=tail
             )
         except EngineRefused:
+            if strict:
+                raise
             return ""
         return output.decode(errors="replace") if isinstance(output, bytes) else str(output)
 
     def read_file(self, container: str, path: str, key: str | None = None) -> bytes | None:
-        """The file `path` of `container` (a tar stream, read whole); None when it has none."""
+        """The file `path` of `container` (a tar stream, read whole); None when the container
+        has no such file. Raises what the engine raises otherwise."""
         try:
             stream, _ = self._call(
                 f"read {path} in {container}", key, self.api.get_archive, container, path
             )
             data = b"".join(stream)
-        except EngineRefused:
+        except NotFound:
             return None
         with tarfile.open(fileobj=io.BytesIO(data)) as archive:
             member = next((item for item in archive.getmembers() if item.isfile()), None)

@@ -15,7 +15,7 @@ from gpuresa.backends.slurm.records import Record
 from gpuresa.config.sections import Config
 from gpuresa.sessions.errors import SessionError
 from gpuresa.sessions.files import SessionFiles
-from gpuresa.sessions.logins import ssh_login_seen
+from gpuresa.sessions.logins import read_log, ssh_login_seen
 
 
 def make_run_folders(config: Config, files: SessionFiles, runs: Path, record: Record) -> None:
@@ -47,9 +47,7 @@ def make_run_folders(config: Config, files: SessionFiles, runs: Path, record: Re
 
 def login_in_job_log(runs: Path, record: Record) -> bool | None:
     """Whether the job's log shows its login let in; None while it cannot be read (not
-    written yet, or not reachable from here: nothing to tell)."""
-    try:
-        text = (runs / record.name / "job.log").read_text(errors="replace")
-    except OSError:
-        return None
-    return ssh_login_seen(text, record.user)
+    written yet, not reachable from here, or not a plain file: nothing to tell). The run
+    folder is the login's: `read_log` reads what it finds there with care."""
+    text = read_log(runs / record.name / "job.log")
+    return None if text is None else ssh_login_seen(text, record.user)

@@ -40,7 +40,7 @@ from gpuresa.sessions.errors import SessionError
 from gpuresa.sessions.files import SessionFacts, SessionFiles, end_text, session_facts
 from gpuresa.sessions.labels import MAIN_ROLE, safe_key, utc_text
 from gpuresa.sessions.limits import SessionLimits, local_totals, session_limits
-from gpuresa.sessions.logins import ssh_login_seen
+from gpuresa.sessions.logins import read_log, ssh_login_seen
 from gpuresa.sessions.records import EndRecords
 from gpuresa.sessions.specs import check_spec, new_spec
 
@@ -351,9 +351,8 @@ class UdockerBackend:
         """The protocol's `used`: the login's sshd log (SSH and SFTP; no FTP here). The
         login could write there itself, which buys nothing a login would not."""
         record = self.records.read(key)
-        if record is None:
-            return None
-        return ssh_login_seen(self.records.log_text(key, "sshd.log"), record.spec.user)
+        text = None if record is None else read_log(self.records.folder(key) / "sshd.log")
+        return None if record is None or text is None else ssh_login_seen(text, record.spec.user)
 
     def signal(self, key: str, number: Signals) -> int:
         """The protocol's `signal`: to the cgroup's members but the session's machinery."""

@@ -217,13 +217,6 @@ class Records:
                 write_file(path, found + "\n")
         return found or ""
 
-    def log_text(self, key: str, name: str) -> str:
-        """The whole log `name` of the session (empty when there is none)."""
-        try:
-            return (self.folder(key) / name).read_text(errors="replace")
-        except OSError:
-            return ""
-
     def log_tail(self, key: str) -> str:
         """The last lines of the session's udocker and sshd logs, to tell why it failed."""
         tails = []

@@ -8,8 +8,9 @@ Every request has the calendar's `write_timeout`; a write is conditional:
   new data was made from), or `If-None-Match: *` to create: a server that
   has a newer copy (the user or the booking app edited the event meanwhile)
   answers 412, raised as `WriteConflict`, and nothing is overwritten;
-- a 403 (the account may not write there) is `WriteRefused`, permanent
-  until the config changes; a 401 too (a wrong password);
+- a 403 on the calendar (the account may not write there) is `WriteRefused`,
+  permanent until the config changes; a 401 too (a wrong password); a 403 on
+  one object is `ObjectRefused`: that write alone is given up;
 - anything else that fails (no answer, a timeout, a 5xx) is `WriteFailed`,
   worth trying again later.
 
@@ -49,6 +50,11 @@ class WriteFailed(WriteError):
 
 class WriteRefused(WriteError):
     """The server refuses this account the write (HTTP 401 or 403): permanent."""
+
+
+class ObjectRefused(WriteError):
+    """The server refuses this one object (HTTP 403 on it: a private event, a size limit,
+    a precondition): that write is given up, the calendar's others go on."""
 
 
 class WriteConflict(WriteError):
@@ -112,11 +118,12 @@ class CalDAVWriter:
         status = response.status_code
         if status in (404, 410):
             return None
-        self._raise_for(status, response.reason, "reading")
+        self._raise_for(status, response.reason, "reading", one_object=True)
         return Fetched(response.content.decode("utf-8", "replace"), response.headers.get("ETag"))
 
-    def find(self, uid: str) -> str | None:
-        """The path of the object holding the event `uid` (a calendar-query REPORT), or None."""
+    def find(self, uid: str) -> list[str]:
+        """The paths of the objects whose event UID holds `uid` (a calendar-query REPORT:
+        CalDAV's text-match finds UIDs that contain it; the caller checks which is equal)."""
         client = self._connect()
         body = (
             '<?xml version="1.0" encoding="utf-8"?>'
@@ -130,11 +137,12 @@ class CalDAVWriter:
         response = self._call(lambda: client.report(self.url, body, depth=1))
         self._raise_for(response.status, response.reason, "searching")
         if response.tree is None:
-            return None
-        for entry in responses(response, self.url):
-            if entry.path is not None and entry.found and not entry.collection:
-                return entry.path
-        return None
+            return []
+        return [
+            entry.path
+            for entry in responses(response, self.url)
+            if entry.path is not None and entry.found and not entry.collection
+        ]
 
     def put(self, href: str, data: str, etag: str | None) -> str | None:
         """Write `data` at `href` if the server still holds the copy of ETag `etag` (None:
@@ -146,18 +154,20 @@ class CalDAVWriter:
             headers["If-None-Match"] = "*"
         else:
             headers["If-Match"] = etag
-        response = self._call(lambda: client.put(self.object_url(href), data, headers))
-        self._raise_for(response.status, response.reason, "writing")
+        response = self._call(
+            lambda: client.put(self.object_url(href), data, headers), one_object=True
+        )
+        self._raise_for(response.status, response.reason, "writing", one_object=True)
         found = response.headers.get("ETag")
         return str(found) if found else None
 
     def delete(self, href: str) -> None:
         """Remove the object at `href`; one already gone is no error."""
         client = self._connect()
-        response = self._call(lambda: client.delete(self.object_url(href)))
+        response = self._call(lambda: client.delete(self.object_url(href)), one_object=True)
         if response.status in (404, 410):
             return
-        self._raise_for(response.status, response.reason, "removing")
+        self._raise_for(response.status, response.reason, "removing", one_object=True)
 
     def ensure_collection(self) -> None:
         """Make the collection (MKCALENDAR) if the server has none at the URL."""
@@ -227,15 +237,17 @@ class CalDAVWriter:
             )
         return self._client
 
-    def _call(self, request: Any) -> Any:
-        """Run `request()`; a refused login or write is `WriteRefused`, any other failure of
-        the server side `WriteFailed`."""
+    def _call(self, request: Any, one_object: bool = False) -> Any:
+        """Run `request()`; a refused login or write is `WriteRefused` (a 403 on
+        `one_object`: `ObjectRefused`), any other failure of the server side `WriteFailed`."""
         from caldav.lib import error as caldav_error
 
         try:
             return request()
         except caldav_error.AuthorizationError as error:
             status = getattr(error, "status", None) or 403
+            if one_object and str(status) == "403":
+                raise ObjectRefused(f"{self.where}: this object refused (HTTP 403)") from None
             raise WriteRefused(
                 f"{self.where} refused the account {self.account.username or '(none)'} "
                 f"(HTTP {status})"
@@ -245,12 +257,19 @@ class CalDAVWriter:
                 f"no answer from {self.where}: {one_line(error, url_secrets(self.url))}"
             ) from None
 
-    def _raise_for(self, status: int | None, reason: str | None, doing: str) -> None:
+    def _raise_for(
+        self, status: int | None, reason: str | None, doing: str, one_object: bool = False
+    ) -> None:
+        """Map an answer's status: 412 `WriteConflict`; 401, or 403 on the collection,
+        `WriteRefused` (the account's rights); 403 on `one_object`, `ObjectRefused` (a
+        calendar writer can make one event refused: that turns nothing off)."""
         if status is not None and 200 <= status < 300:
             return
         what = f"HTTP {status} {reason or ''}".rstrip()
         if status == 412:
             raise WriteConflict(f"{doing} {self.where}: the object changed meanwhile ({what})")
+        if status == 403 and one_object:
+            raise ObjectRefused(f"{doing} {self.where}: this object refused ({what})")
         if status in (401, 403):
             raise WriteRefused(f"{doing} {self.where}: refused ({what})")
         raise WriteFailed(f"{doing} {self.where} failed ({what})")
