@@ -4,11 +4,11 @@ Only sessions that `release_unused` watches, that run, and that no login was
 seen in yet are asked about (`runtime.used`: the backend reads its session's
 own logs, see each backend), every `CHECK_EVERY` seconds, off the loop: an
 engine that hangs delays no round. A session once seen used stays so (a
-journal fact, `Remembered.seen_used`), so it is asked about no more. Whatever
-the backend cannot tell (None) counts as used, and a check that fails tells
-nothing: a session is released only on the backend's word, given in a check
-that began at or after its release time, that nobody logged in
-(`Remembered.unused_seen`; see `gpuresa.planning.release`).
+journal fact, `Remembered.seen_used`), so it is asked about no more. What the
+backend cannot tell (None) and a check that fails tell nothing: a session is
+released only on the backend's word, given in a check that began at or after
+its release time, that nobody logged in (`Remembered.unused_seen`; see
+`gpuresa.planning.release`).
 """
 
 from __future__ import annotations
@@ -62,13 +62,15 @@ class LoginWatch:
         keys = sorted(self.watched)
         began = self.tools.clock.now()
 
-        def work() -> dict[str, bool]:
-            return {key: runtime.used(key) is not False for key in keys}
+        def work() -> dict[str, bool | None]:
+            return {key: runtime.used(key) for key in keys}
 
         self.tools.background("logins", work, self._checked(run, began))
 
-    def _checked(self, run: int, began: datetime) -> Callable[[dict[str, bool] | Exception], None]:
-        def done(result: dict[str, bool] | Exception) -> None:
+    def _checked(
+        self, run: int, began: datetime
+    ) -> Callable[[dict[str, bool | None] | Exception], None]:
+        def done(result: dict[str, bool | None] | Exception) -> None:
             self.job.finish(self.tools.clock.monotonic())
             if not self.job.is_current(run):
                 return
@@ -80,8 +82,10 @@ class LoginWatch:
                 if used:
                     log.info("%s: used (a login was seen)", key)
                     self.remembered.seen_used(key, context.journal, self.tools.clock.now())
-                else:
+                elif used is False:
                     self.remembered.unused_seen[key] = began
+                # None: the backend cannot tell now (its log emptied, the session between
+                # states): nothing is noted, so nothing is released on it
             self.watched = self.watched - {key for key, used in result.items() if used}
             if any(key in self.remembered.release_notified for key in result):
                 self.plan()  # a release may be due on what was seen
