@@ -237,8 +237,10 @@ def test_a_long_image_build_does_not_hold_up_other_sessions(
         deadline = time.monotonic() + 60
         wait_until_running(daemon, "quick-1", 60)
         quick_ready = datetime.now(UTC)
-        # the other booking's 8 s build runs meanwhile, outside the reconcile lock
-        assert quick_ready - start <= timedelta(seconds=2)
+        # the other booking's 8 s build runs meanwhile, outside the reconcile lock: the
+        # quick one is not held up by it (the 2 s promise itself is timed in
+        # test_daemon_e2e; here, half the build's time leaves a loaded machine its margin)
+        assert quick_ready - start <= timedelta(seconds=4)
         assert daemon.journal.states.get("slow-1") != "running"
         wait_until_running(daemon, "slow-1", deadline - time.monotonic())
     finally:
