@@ -17,7 +17,7 @@ from gpuresa.config.sections import Config
 from gpuresa.planning.actions import Action, NotifyRelease, Start, Stop
 from gpuresa.planning.facts import Memory
 from gpuresa.planning.planner import plan
-from gpuresa.planning.release import release_after, release_times
+from gpuresa.planning.release import LOG_LAG, release_after, release_times
 from gpuresa.planning.wakeups import wakeups
 from gpuresa.reservations.conflicts import resolve_conflicts
 
@@ -89,10 +89,13 @@ def test_warned_at_its_notice_then_released_on_a_check_made_at_its_time() -> Non
     memory = dataclasses.replace(UP, release_notified={"booked": release_at})
     # told once; nothing more before its time
     assert releases(plan([BOOKED], [SESSION], INVENTORY, release_at - SECOND, CONFIG, memory)) == []
-    # at its time, only a check of the logins begun then or later releases it
-    checked_before = dataclasses.replace(memory, unused_seen={"booked": release_at - SECOND})
-    assert releases(plan([BOOKED], [SESSION], INVENTORY, release_at, CONFIG, checked_before)) == []
-    checked = dataclasses.replace(memory, unused_seen={"booked": release_at})
+    # at its time, only a check of the logins begun then or later (the log's lag after)
+    # releases it
+    for early in (release_at - SECOND, release_at, release_at + LOG_LAG - SECOND):
+        checked_before = dataclasses.replace(memory, unused_seen={"booked": early})
+        later = release_at + 2 * LOG_LAG
+        assert releases(plan([BOOKED], [SESSION], INVENTORY, later, CONFIG, checked_before)) == []
+    checked = dataclasses.replace(memory, unused_seen={"booked": release_at + LOG_LAG})
     stop = plan([BOOKED], [SESSION], INVENTORY, release_at + SECOND, CONFIG, checked)
     assert releases(stop) == [Stop("booked", reason="released", grace=GRACE)]
 

@@ -16,12 +16,14 @@ import paramiko
 import pytest
 from ftps_client import FtpsError
 from support.logins import ssh_login
+from support.waiting import wait_for
 from test_runtime import Site, ftp_login
 from test_runtime import built_fixture as built_fixture  # the module's image builds
 from test_runtime import site_fixture as site_fixture
 
 from gpuresa.backends.engines.logins import START_MARK, session_used
 from gpuresa.backends.engines.lookup import Found
+from gpuresa.planning.release import LOG_LAG
 from gpuresa.sessions.logins import LOG_LIMIT, ftp_login_seen, read_log, ssh_login_seen
 
 # a login name a stranger may send: sshd logs it inside its own "Invalid user" line
@@ -45,7 +47,8 @@ def test_a_session_is_unused_until_its_user_logs_in_by_ssh(site: Site) -> None:
     assert runtime.used(session.key) is False
     with ssh_login(session.ssh_port, "alice", site.key("alice")):
         pass
-    assert runtime.used(session.key) is True
+    # the engine ships the container's output to its log through pipes: a moment later
+    wait_for(lambda: runtime.used(session.key), LOG_LAG.total_seconds(), "the login in the log")
 
 
 def test_an_ftp_login_counts_and_a_refused_one_does_not(site: Site) -> None:
@@ -56,7 +59,7 @@ def test_an_ftp_login_counts_and_a_refused_one_does_not(site: Site) -> None:
     assert runtime.used(session.key) is False
     with ftp_login(session, session.ftp_user, session.ftp_password) as ftp:
         ftp.names("/")
-    assert runtime.used(session.key) is True
+    wait_for(lambda: runtime.used(session.key), LOG_LAG.total_seconds(), "the FTP login")
 
 
 def test_a_session_that_is_not_running_tells_nothing(site: Site) -> None:

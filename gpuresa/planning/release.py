@@ -27,6 +27,11 @@ from gpuresa.model import Reservation, Session
 from gpuresa.planning.actions import NotifyRelease, Stop
 from gpuresa.planning.facts import Memory
 
+# how long a login's line may take to reach the log a check reads (an engine ships its
+# containers' output through pipes and its own process): a release waits for a check
+# begun this long after its time
+LOG_LAG = timedelta(seconds=2)
+
 
 def release_after(reservation: Reservation, config: Config) -> timedelta | None:
     """How long after its start `reservation`'s session must have seen a login, or None
@@ -77,9 +82,10 @@ def release_action(
     warn_at, release_at = times
     told = memory.release_notified.get(session.key)
     if told is not None and now >= told:
-        # only on a check that began at that time or later: a login just before counts
+        # only on a check that began at that time or later (and the log's lag after): a
+        # login just before counts
         checked = memory.unused_seen.get(session.key)
-        if checked is None or checked < told:
+        if checked is None or checked < told + LOG_LAG:
             return None
         return Stop(session.key, reason="released", grace=config.daemon.stop_grace)
     if told is None and now >= warn_at:
