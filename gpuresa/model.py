@@ -104,6 +104,21 @@ class Rejection:
     # the calendar object (href or file name) it was read from, where known
     href: str = ""
 
+    @classmethod
+    def of(cls, reservation: Reservation, reason: str, key: str | None = None) -> Rejection:
+        """`reservation` refused for `reason` (under its own key, or `key`)."""
+        return cls(
+            key=key or reservation.key,
+            uid=reservation.uid,
+            calendar=reservation.calendar,
+            reason=reason,
+            user=reservation.user,
+            email=reservation.email,
+            start=reservation.start,
+            end=reservation.end,
+            href=reservation.href,
+        )
+
 
 @dataclass(frozen=True)
 class ReservationSet:

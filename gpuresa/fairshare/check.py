@@ -135,7 +135,7 @@ def apply_rules(
             log.debug("%s: refused by a fair-share rule: %s", key, reason)
             refused[key] = reason
     rejections = [
-        _rejection(item, refused[item.key]) for item in reservations if item.key in refused
+        Rejection.of(item, refused[item.key]) for item in reservations if item.key in refused
     ]
     return [item for item in reservations if item.key not in refused], rejections
 
@@ -143,17 +143,3 @@ def apply_rules(
 def is_rule_refusal(rejection: Rejection) -> bool:
     """Whether `rejection` is a fair-share rule's (its reason starts "rule <limit> (")."""
     return rejection.reason.startswith(_RULE_OPENINGS)
-
-
-def _rejection(reservation: Reservation, reason: str) -> Rejection:
-    return Rejection(
-        key=reservation.key,
-        uid=reservation.uid,
-        calendar=reservation.calendar,
-        reason=reason,
-        user=reservation.user,
-        email=reservation.email,
-        start=reservation.start,
-        end=reservation.end,
-        href=reservation.href,
-    )

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 from gpuresa.config.schema import format_duration
 from gpuresa.fairshare.limits import Limit
 from gpuresa.fairshare.periods import Period, hours_within, period_name, period_of
+from gpuresa.timeline import peak_gpus
 
 # GPU-hours are sums of floats: a booking that fits exactly must not be refused by rounding
 _SLACK = 1e-9
@@ -176,7 +177,7 @@ class Ledger:
         )
 
     def _max_gpus(self, item: Booking, most: int) -> str | None:
-        held = _peak(self.meeting(item.start, item.end), item.start, item.end)
+        held = peak_gpus(self.meeting(item.start, item.end), item.start, item.end)
         if held + item.gpus <= most:
             return None
         return (
@@ -232,24 +233,6 @@ class Ledger:
                 f"{preposition} {name}; this booking asks for {_figure(asked)}"
             )
         return None
-
-
-def _peak(items: Sequence[Booking], start: datetime, end: datetime) -> int:
-    """The most GPUs `items` (which all overlap [start, end)) hold at once during it."""
-    if len(items) < 2:
-        # the common case, no sweep needed: none, or one booking alongside
-        return items[0].gpus if items else 0
-    changes: list[tuple[datetime, int]] = []
-    for other in items:
-        changes.append((other.start if other.start > start else start, other.gpus))
-        changes.append((other.end if other.end < end else end, -other.gpus))
-    changes.sort()  # at one instant, an end (negative) comes before a start
-    used = peak = 0
-    for _, delta in changes:
-        used += delta
-        if used > peak:
-            peak = used
-    return peak
 
 
 def _figure(hours: float) -> str:

@@ -20,6 +20,7 @@ from zoneinfo import ZoneInfo
 from gpuresa.config.capabilities import host_capabilities
 from gpuresa.config.sections import Config, HostConfig
 from gpuresa.model import Rejection, Reservation, ReservationSet
+from gpuresa.timeline import peak_gpus
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +159,7 @@ def resolve_conflicts(
                 kept.append(item)
             else:
                 reason = f"{item.gpus} GPUs asked, but host {host_name!r} has {count}"
-                rejected.append(_rejection(item, reason))
+                rejected.append(Rejection.of(item, reason))
         # a booking moved wholly out of its granted time holds nothing, like any other,
         # whatever `holding` says: its granted time is what it holds
         holders = {key for key in holding if key not in granted} | {
@@ -186,7 +187,7 @@ def resolve_conflicts(
                     reservation, winner, used, count, first_seen, holders, zone
                 )
             log.debug("%s: rejected: %s", reservation.key, reason)
-            rejected.append(_rejection(reservation, reason))
+            rejected.append(Rejection.of(reservation, reason))
         for clipped, whole in growths:
             if clipped not in kept:
                 continue
@@ -199,20 +200,6 @@ def resolve_conflicts(
     kept.sort(key=reservation_order)
     rejected.sort(key=rejection_order)
     return ReservationSet(tuple(kept), tuple(rejected))
-
-
-def _rejection(reservation: Reservation, reason: str, key: str | None = None) -> Rejection:
-    return Rejection(
-        key=key or reservation.key,
-        uid=reservation.uid,
-        calendar=reservation.calendar,
-        reason=reason,
-        user=reservation.user,
-        email=reservation.email,
-        start=reservation.start,
-        end=reservation.end,
-        href=reservation.href,
-    )
 
 
 def _granted_first(
@@ -281,7 +268,7 @@ def _grow(
                 f"the change to {asked} is not taken; the session keeps {kept}, what it "
                 f"was given: the change {why}"
             )
-            return _rejection(whole, reason, key=f"{whole.key}/growth")
+            return Rejection.of(whole, reason, key=f"{whole.key}/growth")
     for part in parts:
         timeline.add(part)
     return None
@@ -314,18 +301,8 @@ class _Timeline:
         overlapping = [index for _, index in self.starts[low:high] if items[index].end > start]
         if not overlapping:
             return None
-        # the peak use during this reservation: a sweep over the overlapping ones
-        changes: list[tuple[datetime, int]] = []
-        for index in overlapping:
-            other = items[index]
-            changes.append((other.start if other.start > start else start, other.gpus))
-            changes.append((other.end if other.end < end else end, -other.gpus))
-        changes.sort()  # at one instant, an end (negative) comes before a start
-        used = peak = 0
-        for _, delta in changes:
-            used += delta
-            if used > peak:
-                peak = used
+        # the peak use during this reservation
+        peak = peak_gpus([items[index] for index in overlapping], start, end)
         if peak + reservation.gpus <= count:
             return None
         return peak, items[min(overlapping)]
