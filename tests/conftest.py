@@ -539,14 +539,17 @@ def _no_inherited_config(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(autouse=True)
 def _running_areas_unmounted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Sessions mount a running area in each state folder (`outputs.running_area`), which a test
-    that starts sessions without a daemon leaves: unmount the test's after it."""
-    from gpuresa.outputs.running_area import RUNNING_FOLDER
+    that starts sessions without a daemon leaves, and a daemon killed while it copied an output
+    out of its image leaves that image's reader mount (the next start would take it down):
+    unmount the test's after it."""
+    from gpuresa.outputs.running_area import RUNNING_FOLDER, STORE_FOLDER
 
     yield
     base = str(tmp_path_factory.getbasetemp())
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         point = line.split()[4].replace("\\040", " ")
-        if point.startswith(base) and point.endswith(f"/{RUNNING_FOLDER}"):
+        reader = f"/{STORE_FOLDER}/." in point and point.endswith(".copy")
+        if point.startswith(base) and (point.endswith(f"/{RUNNING_FOLDER}") or reader):
             subprocess.run(["umount", "-l", point], check=False, capture_output=True)
 
 

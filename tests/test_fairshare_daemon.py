@@ -22,7 +22,7 @@ from test_daemon_cli import gpuresa, ics_event
 from gpuresa.backends.engines import Runtime
 from gpuresa.config.reading import load_config
 from gpuresa.fairshare.periods import period_name, period_of
-from gpuresa.journal.store import Journal
+from gpuresa.journal.store import Journal, JournalUnusable
 
 
 def journal_state(config_file: Path, key: str) -> str | None:
@@ -30,7 +30,10 @@ def journal_state(config_file: Path, key: str) -> str | None:
     path = config.daemon.state_dir / "journal.sqlite"
     if not path.exists():
         return None
-    journal = Journal(path, read_only=True)
+    try:
+        journal = Journal(path, read_only=True)
+    except JournalUnusable:
+        return None  # made, not yet brought to its schema by the starting daemon
     with contextlib.closing(journal):
         return journal.states.get(key)
 

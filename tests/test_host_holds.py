@@ -10,6 +10,7 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+import os
 import subprocess
 import sys
 import tempfile
@@ -313,6 +314,20 @@ def write_suite_conftest(suite: Path) -> None:
     )
 
 
+def run_suite(suite: Path, tmp_path: Path, workers: list[str]) -> subprocess.CompletedProcess[str]:
+    """A pytest run of `suite`, a run of its own: its own run prefix (what this run's other
+    workers make is not its), and its base folder in `tmp_path` (a numbered one would
+    have pytest clean up old runs' folders, and rename what those hold, under this run)."""
+    return subprocess.run(
+        [
+            sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+            "--basetemp", str(tmp_path / "inner-base"), *workers, str(suite),
+        ],
+        capture_output=True, text=True, timeout=120, cwd=suite,
+        env={**os.environ, "GPURESA_TEST_RUN": uuid.uuid4().hex[:6]},
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one-process", "xdist"])
 def test_a_run_that_leaves_a_mount_fails_and_names_it(tmp_path: Path, workers: list[str]) -> None:
     """A run of one test that mounts a tmpfs and leaves it: the check fails the run (made
@@ -328,10 +343,7 @@ def test_a_run_that_leaves_a_mount_fails_and_names_it(tmp_path: Path, workers: l
         f"    subprocess.run(['mount', '-t', 'tmpfs', 'none', '{leak}'], check=True)\n"
     )
     try:
-        result = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers, str(suite)],
-            capture_output=True, text=True, timeout=120, cwd=suite,
-        )  # fmt: skip
+        result = run_suite(suite, tmp_path, workers)
     finally:
         subprocess.run(["umount", str(leak)], check=False)
         leak.rmdir()
@@ -349,10 +361,7 @@ def test_a_run_that_leaves_nothing_passes_beside_what_the_machine_had(tmp_path: 
     old = Path(tempfile.mkdtemp(prefix="gpuresa-old-", dir="/var/tmp"))
     subprocess.run(["mount", "-t", "tmpfs", "none", str(old)], check=True)
     try:
-        result = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(suite)],
-            capture_output=True, text=True, timeout=120, cwd=suite,
-        )  # fmt: skip
+        result = run_suite(suite, tmp_path, [])
     finally:
         subprocess.run(["umount", str(old)], check=False)
         old.rmdir()
@@ -399,3 +408,23 @@ def test_a_namespace_no_process_is_in_is_released_and_a_live_one_never(
     assert f"netns {live}" not in map(str, released)
     assert not (host_holds.NETNS_FOLDER / left).exists()
     assert (host_holds.NETNS_FOLDER / live).exists()
+
+
+def test_the_check_counts_its_own_folders_and_not_another_runs_or_their_garbage() -> None:
+    """Another run's base folder, and one pytest's clean-up renamed on its way out (which
+    moves the mounts left in it), are not this run's; its own and other temporary ones are."""
+    from support.machine import mounts
+
+    base = Path("/tmp/pytest-of-root/pytest-7")
+    points = [
+        f"{base}/popen-gw0/test_a0/output/.running",
+        "/tmp/pytest-of-root/pytest-6/popen-gw1/test_b0/output/.running",
+        "/tmp/pytest-of-root/garbage-93867da4-5978-4628-a7b7-f380b34da82c/popen-gw0/x.copy",
+        "/var/tmp/gpuresa-leak-1",
+        "/home/alice/mine",
+    ]
+    mountinfo = "".join(
+        f"{index} 1 0:{index} / {point} rw shared:1 - tmpfs none rw\n"
+        for index, point in enumerate(points, start=30)
+    )
+    assert mounts(base, mountinfo) == {points[0], points[3]}

@@ -136,6 +136,13 @@ def members_running(backend: UdockerBackend, key: str, command: bytes) -> list[i
     return found
 
 
+def command_of(pid: int) -> str | None:
+    """Process `pid`'s command name, or None once it is gone."""
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    return None
+
+
 def kill_listener(backend: UdockerBackend, key: str) -> None:
     """SIGKILL the session's listener (as a crash would) and wait for its end."""
     listener = listener_of(backend, key)
@@ -210,10 +217,7 @@ def test_a_session_on_the_default_privileged_ports_logs_in_through_roots_port(
     client = connect(port, site.login, site.root / "private" / site.login, timeout=15)
     try:
         members = backend.cgroup(spec.key).members()
-        served = [
-            pid for pid in members
-            if Path(f"/proc/{pid}/comm").read_text().strip() == "sshd" and alive(pid)
-        ]  # fmt: skip
+        served = [pid for pid in members if command_of(pid) == "sshd" and alive(pid)]
         assert served and {uid_of(pid) for pid in served} == {account.uid}
         held = {inode for _, inode in listening_sockets(port)}
         assert all(not holders(inode) & set(served) for inode in held)

@@ -26,8 +26,9 @@ from typing import Any
 # config that forgets one puts it)
 TEMPORARY = (Path("/tmp"), Path("/var/tmp"), Path("/var/lib/gpuresa"), Path("/srv/gpuresa"))
 NETNS = Path("/run/netns")
-# another pytest run's base folder (pytest-of-<user>/pytest-<n>)
-PYTEST_BASE = re.compile(r"^/tmp/pytest-of-[^/]+/pytest-\d+(/|$)")
+# another pytest run's base folder (pytest-of-<user>/pytest-<n>), or one pytest's clean-up
+# of old runs renamed on its way out (garbage-<uuid>): neither is this run's
+PYTEST_BASE = re.compile(r"^/tmp/pytest-of-[^/]+/(pytest-\d+|garbage-[0-9a-f-]+)(/|$)")
 # the labels that tie a container or a network to a test run, and what marks a run's values
 TEST_HOST_VALUE = re.compile(r"^test-[0-9a-f]{10}$")
 
