@@ -540,8 +540,8 @@ def _no_inherited_config(monkeypatch: pytest.MonkeyPatch) -> None:
 def _running_areas_unmounted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Sessions mount a running area in each state folder (`outputs.running_area`), which a test
     that starts sessions without a daemon leaves, and a daemon killed while it copied an output
-    out of its image leaves that image's reader mount (the next start would take it down):
-    unmount the test's after it."""
+    out of its image leaves that image's reader mount (the next start would take it down),
+    and the users' homes it had mounted: unmount the test's after it."""
     from gpuresa.outputs.running_area import RUNNING_FOLDER, STORE_FOLDER
 
     yield
@@ -549,7 +549,10 @@ def _running_areas_unmounted(tmp_path_factory: pytest.TempPathFactory) -> Iterat
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         point = line.split()[4].replace("\\040", " ")
         reader = f"/{STORE_FOLDER}/." in point and point.endswith(".copy")
-        if point.startswith(base) and (point.endswith(f"/{RUNNING_FOLDER}") or reader):
+        # a home's mount and its sessions' views, which a killed daemon's next start (or
+        # clean-up) takes down (`homes.store`)
+        home = "/homes/views/" in point or "/homes/mounted/" in point
+        if point.startswith(base) and (point.endswith(f"/{RUNNING_FOLDER}") or reader or home):
             subprocess.run(["umount", "-l", point], check=False, capture_output=True)
 
 

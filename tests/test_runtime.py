@@ -114,6 +114,7 @@ def make_site(
     gpu_mode: str = "none",
     gpus: list[int] | None = None,
     engine: str = "docker",
+    storage: dict[str, Any] | None = None,
     **host: Any,
 ) -> Site:
     for folder in ("keys", "private", "input", "output", "state"):
@@ -160,6 +161,7 @@ def make_site(
         "storage": {
             "output_root": str(root / "output"),
             "inputs": [{"source": str(root / "input"), "target": "/data"}],
+            **(storage or {}),
         },
         "limits": {"shm_size": "256m", "pids": 512},
     }

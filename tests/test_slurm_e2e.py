@@ -170,6 +170,13 @@ def test_a_booking_runs_as_a_slurm_job_and_survives_a_daemon_kill(cluster: Slurm
             assert code == 0 and output.split() == [user, "0,1", job_id, "in-container"], output
             code, output = run(client, "echo kept > /output/result.txt && ls /etc/gpuresa/session")
             assert code == 0 and "end" in output.split(), output
+            # the login's lasting home is theirs, on the shared folder the nodes see
+            code, output = run(client, "echo $HOME && pwd && echo mine > ~/kept")
+            assert code == 0 and output.split() == [f"/home/{user}"] * 2, output
+            home = cluster.shared / "homes" / user
+            assert (home / "kept").read_text() == "mine\n"
+            assert home.stat().st_uid == (home / "kept").stat().st_uid == pwd.getpwnam(user).pw_uid
+            assert home.stat().st_mode & 0o777 == 0o700
             # SFTP too, in the container, as the start notice says
             with client.open_sftp() as sftp, sftp.open("/output/result.txt") as handle:
                 assert handle.read() == b"kept\n"

@@ -34,6 +34,7 @@ from unit_sandbox import Restrictions
 from gpuresa.backends.engines import Runtime
 from gpuresa.config.reading import load_config
 from gpuresa.config.sections import Config
+from gpuresa.homes.store import image_path
 from gpuresa.journal.store import Journal
 from gpuresa.outputs.running_area import RUNNING_FOLDER, area, running_path
 
@@ -160,12 +161,17 @@ def test_a_default_booking_runs_under_the_units_restrictions(
             [
                 "sh",
                 "-c",
-                f"printf '{CONTENT}' > /output/result.txt && df -B1 --output=size / /output",
+                f"printf '{CONTENT}' > /output/result.txt && df -B1 --output=size / /output "
+                "&& echo kept > /home/alice/kept && stat -c %U /home/alice/kept",
             ],
             user="alice",
         )
         assert code == 0, output
-        root_size, output_size = (int(line) for line in output.decode().split()[1:])
+        *sizes, home_owner = output.decode().split()[1:]
+        root_size, output_size = (int(line) for line in sizes)
+        # the login's lasting home is mounted, theirs, through the unit's capabilities
+        assert home_owner == "alice"
+        assert image_path(config, "alice").exists()
         # the writable layer is its own 30g filesystem (the host's disk is bigger)
         assert root_size <= 30 * GIB
         # the output is its image, mounted where dockerd sees it, and the host reads it there
@@ -219,11 +225,13 @@ def refused_reason(config: Config, key: str, daemon: SandboxedDaemon, timeout: f
     [
         # no mount(2): neither the running area nor an image can be mounted
         (unit_sandbox.restrictions().without("CAP_SYS_ADMIN"), "not permitted"),
+        # no id maps: no user namespace shows a session its user's home
+        (unit_sandbox.restrictions().without("CAP_SETUID"), "home cannot be mounted"),
         # a mount namespace of its own (ProtectSystem= and the like): the area made there
         # is not a mount the engine sees
         (unit_sandbox.restrictions().with_mount_namespace("ProtectSystem"), RUNNING_FOLDER),
     ],
-    ids=["without-CAP_SYS_ADMIN", "in-a-mount-namespace"],
+    ids=["without-CAP_SYS_ADMIN", "without-CAP_SETUID", "in-a-mount-namespace"],
 )
 def test_without_what_the_unit_grants_the_booking_is_refused_with_its_reason(
     tmp_path: Path,
@@ -255,6 +263,7 @@ BIND_PRIVILEGED = [
 ]  # fmt: skip
 
 
+CONTAINER_NAMESPACES = ["unshare", "-U", "--map-root-user", "--mount", "--pid", "--fork", "true"]
 READ_CLOCK = (
     "import ctypes; state = ctypes.create_string_buffer(512); "
     "raise SystemExit(ctypes.CDLL(None).adjtimex(state) < 0)"
@@ -267,19 +276,34 @@ def runs(limits: Restrictions, argv: list[str]) -> subprocess.CompletedProcess[s
     )
 
 
+def test_the_unit_alone_lets_the_daemon_act_as_a_login_and_map_ids() -> None:
+    """What every host needs: a login's identity (Slurm's runuser, udocker's setpriv) and a
+    user namespace whose id maps root writes (each session's view of its user's home)."""
+    limits = unit_sandbox.restrictions()
+    assert runs(limits, [*LOGIN[:-1], "true"]).returncode == 0
+    assert runs(limits, ["runuser", "-u", "nobody", "--", "true"]).returncode == 0
+    # the homes' own code: a user namespace, its maps written by the daemon
+    script = (
+        "from gpuresa.homes.idmap import _namespace_of; "
+        "_namespace_of('0 100000 65536\\n', '0 100000 65536\\n')"
+    )
+    mapped = runs(limits, [sys.executable, "-c", script])
+    assert mapped.returncode == 0, mapped
+    # and nothing else: no mount or network namespace of its own
+    refused = runs(limits, ["unshare", "--mount", "--net", "true"])
+    assert refused.returncode != 0 and "not permitted" in refused.stderr, refused
+
+
 @pytest.mark.parametrize(
     ("drop_in", "argv", "refusal"),
     [
-        # Slurm: jobs are submitted as the login through runuser
-        ("slurm.conf", ["runuser", "-u", "nobody", "--", "true"], "cannot set groups"),
-        # udocker: udocker and its sshd run as the login through setpriv
-        ("udocker.conf", [*LOGIN[:-1], "true"], "not permitted"),
-        # udocker: runc and the logins' nsenter make and enter namespaces
-        ("udocker.conf", [*LOGIN, "unshare", "--user", "--map-root-user", "true"], "not permitted"),
+        # udocker: runc and the logins' nsenter make and enter namespaces (the unit allows
+        # user namespaces alone, for the homes' id maps)
+        ("udocker.conf", [*LOGIN, *CONTAINER_NAMESPACES], "not permitted"),
         # udocker: root binds the sessions' privileged ports
         ("udocker.conf", BIND_PRIVILEGED, "Permission denied"),
     ],
-    ids=["slurm-runuser", "udocker-setpriv", "udocker-namespaces", "udocker-port"],
+    ids=["udocker-namespaces", "udocker-port"],
 )
 def test_a_backend_needs_its_drop_in(drop_in: str, argv: list[str], refusal: str) -> None:
     alone = runs(unit_sandbox.restrictions(), argv)

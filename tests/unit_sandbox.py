@@ -169,6 +169,12 @@ def restrictions(*drop_ins: str) -> Restrictions:
         denied_namespaces = frozenset(CLONE_NEW)
     elif namespaces_value in ("no", "false"):
         denied_namespaces = frozenset()
+    elif set(namespaces_value.removeprefix("~").split()) <= set(CLONE_NEW):
+        # a list of the kinds allowed, or with "~" of those denied (systemd's names)
+        listed = frozenset(namespaces_value.removeprefix("~").split())
+        denied_namespaces = (
+            listed if namespaces_value.startswith("~") else frozenset(CLONE_NEW) - listed
+        )
     else:
         raise ValueError(f"RestrictNamespaces={namespaces_value} is not emulated")
     calls: list[str] = []

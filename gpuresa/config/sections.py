@@ -184,6 +184,16 @@ class StorageConfig:
     free_warn: Size | Share = Field(Share(0.10), expected=_FREE_SPACE)
     free_refuse: Size | Share = Field(Share(0.03), expected=_FREE_SPACE)
     session_quota: str | None = Field("auto", check=lambda value: _quota(value))
+    # each user's home that lasts between sessions (gpuresa/homes/): an image per login;
+    # unset: "homes" beside output_root, on the disk kept for users' data
+    home_root: Path | None = None
+    home_quota: Size | Literal["off"] = Field(
+        Size(50 << 30), check=lambda value: _at_least_size(value, 64 << 20)
+    )
+    home_retention: timedelta | Literal["forever"] = Field(
+        timedelta(days=180), expected='a duration such as "180d", or "forever"'
+    )
+    home_removal_notice: timedelta = timedelta(days=14)
 
 
 def _port_or_off(value: int) -> str | None:

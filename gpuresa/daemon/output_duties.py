@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from gpuresa.backends.engines.output_service import OutputService
 from gpuresa.config.sections import Config
 from gpuresa.errors import UserError
+from gpuresa.homes.retention import review as review_homes
 from gpuresa.mail.wording import format_remaining
 from gpuresa.model import Session
 from gpuresa.outputs.disk import DiskState, Level
@@ -77,6 +78,10 @@ class OutputDuties:
             parts.append(self._notices_and_removals(now, to_user))
         except (RuntimeUnavailable, OSError) as error:
             log.error("output retention skipped this round: %s", error)
+        try:
+            parts.append(review_homes(self.service.config, now, to_user))
+        except OSError as error:
+            log.error("homes' retention skipped this round: %s", error)
         try:
             disk = self.service.disk_state()
             self._disk(disk, now, sessions, to_user, to_admin)

@@ -16,6 +16,7 @@ from typing import Any
 
 from gpuresa.config.sections import Config, HostConfig, LimitsConfig
 from gpuresa.gpus.access import GpuAccess
+from gpuresa.homes.store import home_target
 from gpuresa.model import SessionSpec
 from gpuresa.sessions.labels import (
     FTP_ROLE,
@@ -104,6 +105,8 @@ class MainContainer:
     host_keys_dir: Path | None = None
     # the session's CPUs and memory (see `runtime.limits`); None: `[limits]` as set
     limits: SessionLimits | None = None
+    # the session's view of its user's lasting home (see `homes.store`); None: homes off
+    home_dir: Path | None = None
 
 
 def main_payload(
@@ -137,6 +140,8 @@ def main_payload(
         _bind(main.session_files, SESSION_FILES_TARGET, read_only=True),
         *main.gpu.mounts,
     ]
+    if main.home_dir is not None:
+        mounts.append(_bind(main.home_dir, home_target(spec.user), read_only=False))
     if main.host_keys_dir is not None:
         mounts.append(_bind(main.host_keys_dir, HOST_KEYS_TARGET, read_only=True))
     host_config: dict[str, Any] = {

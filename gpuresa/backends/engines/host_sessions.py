@@ -25,6 +25,7 @@ from gpuresa.backends.engines.lookup import Found, by_role, container_name, sess
 from gpuresa.backends.engines.ownership import UNLABELLED, labels_of, network_is_mine, split
 from gpuresa.config.sections import Config, HostConfig
 from gpuresa.gpus.devices import HostGpus
+from gpuresa.homes.store import detach
 from gpuresa.model import Session, SessionSpec
 from gpuresa.outputs.host_ca import HostCA
 from gpuresa.sessions.errors import RuntimeUnavailable, SessionError
@@ -211,6 +212,7 @@ class HostSessions:
         stopping.kill_from_host(key, found)
         stopping.remove_containers(self.engine, key, found)
         self.remove_networks(key)
+        detach(self.config, key)
 
     def roll_back(self, key: str) -> None:
         """Roll back after a failure; a failing rollback is logged, never hides the first error."""

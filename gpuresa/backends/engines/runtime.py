@@ -40,6 +40,7 @@ from gpuresa.backends.engines.ownership import sessions_of_others
 from gpuresa.backends.engines.starting import start_session
 from gpuresa.config.capabilities import DOCKER, PODMAN, Capabilities
 from gpuresa.config.sections import Config, HostConfig
+from gpuresa.homes.store import detach, release_unused
 from gpuresa.model import Session, SessionSpec
 from gpuresa.sessions.errors import SessionError
 from gpuresa.sessions.files import SessionFacts, end_text
@@ -274,6 +275,7 @@ class Runtime:
         session = self.sessions.session_of(key, found)
         stopping.end_containers(self.engine, key, found)
         self.sessions.remove_networks(key)
+        detach(self.config, key)
         self.ends.forget(key)
         self.files.remove(key)
         if session is None:
@@ -372,6 +374,9 @@ class Runtime:
         installation = self.sessions.installation
         removed = garbage.leaked_networks(self.engine, host, installation, busy, network_min_age)
         removed += firewall.collect(self.engine, host, installation)
+        removed += release_unused(
+            self.config, lambda: {session.key for session in self.list_sessions()} | busy
+        )
         return removed + garbage.old_images(self.engine, self.images, host)
 
     def cleanup(self, busy: Collection[str]) -> list[str]:

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from gpuresa.access import AccessError, authorized_keys, container_uid, ftp_credentials
 from gpuresa.backends.engines.create_payloads import MainContainer, ftp_payload, main_payload
 from gpuresa.backends.engines.engine import dumps
+from gpuresa.backends.engines.engines import SESSION_ID_COUNT
 from gpuresa.backends.engines.firewall import guard_network
 from gpuresa.backends.engines.forwarding import remove_stale_forwarding
 from gpuresa.backends.engines.host_sessions import HostSessions
@@ -24,7 +25,9 @@ from gpuresa.backends.engines.lookup import Found, container_name, status
 from gpuresa.backends.engines.readiness import log_tails, wait_ready
 from gpuresa.backends.engines.sidecar import revive_sidecar
 from gpuresa.gpus.devices import host_gpu_access
-from gpuresa.model import Session, SessionSpec
+from gpuresa.homes.idmap import IdMaps
+from gpuresa.homes.store import attach, reserve_view
+from gpuresa.model import IdRange, Session, SessionSpec
 from gpuresa.outputs.capped import cap_output
 from gpuresa.outputs.credentials import HostCredentials
 from gpuresa.outputs.disk import start_refusal
@@ -64,6 +67,10 @@ def prepare_session(
         # made under the check below; an engine without user namespaces (another
         # data root) would not even list it
         log.debug("%s: already %s", key, existing.state)
+        if existing.state == "created":
+            # a host restart since it was prepared took its view of the home away: its
+            # container would bind the empty folder under it
+            _show_home(sessions, existing)
         return existing, found
     # before anything is made, every time: an engine without user namespaces is refused
     sessions.check_engine()
@@ -128,6 +135,7 @@ def prepare_session(
     host_keys = files / HOST_KEYS_FOLDER
     host_keys.mkdir(mode=0o700, exist_ok=True)
     layer = layer_plan(sessions.config.limits.layer_size, sessions.engine_info())
+    home = reserve_view(sessions.config, spec.user, key)
     main = MainContainer(
         image=image,
         uid=uid,
@@ -139,6 +147,7 @@ def prepare_session(
         limits=session_limits(sessions.config.limits, sessions.host_totals(), spec.gpu_count),
         # this session's own SSH host key, made for its root once its ids are known
         host_keys_dir=host_keys,
+        home_dir=home,
     )
     main_config = main_payload(sessions.config, labelled, main, labels)
     log.debug("%s: main container %s", key, dumps(main_config))
@@ -163,6 +172,9 @@ def prepare_session(
         layer.cap(sessions.engine, sessions.config.daemon.state_dir, main_id, key)
         base_uid, base_gid = (ids.uid, ids.gid) if ids else (0, 0)
         prepare_output(running, base_uid + uid, base_gid + uid, key)
+        if home is not None:
+            ids_seen = ids or IdRange(0, 0, SESSION_ID_COUNT)
+            attach(sessions.config, spec.user, key, uid, IdMaps.of_range(ids_seen), home)
         # the FTP password, for the login alone to read in the session
         sessions.files.show_secret(
             key, FTP_PASSWORD_FILE, credentials.password + "\n", base_uid + uid, base_gid + uid
@@ -206,6 +218,19 @@ def prepare_session(
     if session is None:
         raise SessionError(f"session {key} was created but Docker does not list it")
     return session, found
+
+
+def _show_home(sessions: HostSessions, session: Session) -> None:
+    """Mount `session`'s view of its user's home again where it is not (see `homes.store`)."""
+    view = reserve_view(sessions.config, session.user, session.key)
+    if view is None:
+        return
+    try:
+        uid = container_uid(session.user, sessions.config.users)
+    except AccessError as error:
+        raise SessionError(f"session {session.key}: {error}") from None
+    ids = session.id_range or IdRange(0, 0, SESSION_ID_COUNT)
+    attach(sessions.config, session.user, session.key, uid, IdMaps.of_range(ids), view)
 
 
 def published_ports(spec: SessionSpec) -> list[int]:

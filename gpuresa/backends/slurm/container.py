@@ -29,6 +29,7 @@ from gpuresa.backends.udocker import tools
 from gpuresa.backends.udocker.images import UdockerImages, container_exists, make_container
 from gpuresa.backends.udocker.run_command import session_run
 from gpuresa.config.sections import Config
+from gpuresa.homes.store import folder_home, home_target
 from gpuresa.sessions.errors import SessionError
 
 log = logging.getLogger(__name__)
@@ -86,8 +87,13 @@ class JobContainers:
         """What the job needs to run container `name` (see `jobscript`): udocker's command
         line before and after the options only the node knows (its GPUs, the job's id), the
         environment to run it in, and the command that enters it for a login."""
+        account = self._account(user)
+        # the login's lasting home, on the shared folder the nodes see (see `homes.store`)
+        owner = (account.uid, account.gid)
+        home = folder_home(self.config, self.config.slurm.shared_dir, user, owner)
+        homes = [(str(home), str(home_target(user)), False)] if home is not None else []
         run = session_run(
-            self.config, self._account(user), key, template, cuda, name, files, output
+            self.config, account, key, template, cuda, name, files, output, volumes=homes
         )
         return {
             "head": run.head,

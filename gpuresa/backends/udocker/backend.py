@@ -23,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from signal import Signals
 
-from gpuresa.access import AccessError, Account, authorized_keys, host_account
+from gpuresa.access import AccessError, Account, authorized_keys, container_uid, host_account
 from gpuresa.backends.udocker import launch, listening, stopping, tools
 from gpuresa.backends.udocker.cgroups import CGROUP_ROOT, SessionCgroup, remove_others
 from gpuresa.backends.udocker.devices import denied_devices
@@ -34,6 +34,8 @@ from gpuresa.backends.udocker.run_command import start_container
 from gpuresa.config.capabilities import UDOCKER
 from gpuresa.config.sections import Config, HostConfig
 from gpuresa.gpus.devices import HostGpus, host_gpu_access
+from gpuresa.homes.idmap import IdMaps
+from gpuresa.homes.store import attach, detach, release_unused, reserve_view
 from gpuresa.model import Session, SessionSpec
 from gpuresa.outputs.disk import start_refusal
 from gpuresa.sessions.errors import SessionError
@@ -240,6 +242,7 @@ class UdockerBackend:
             write_file(config_file, launch.sshd_config(spec.user, folder, files, host_key))
             tools.ensure_repository(self.config, account)
             make_container(self.config, account, name, container, key)
+            self._show_home(spec, account)
             cgroup = self.cgroup(key)
             cgroup.create(self.limits(spec), self.config.limits.pids)
             cgroup.deny_devices(denied_devices(gpu.devices))
@@ -266,6 +269,19 @@ class UdockerBackend:
             key, spec.user, account.uid, spec.template, list(spec.gpu_indices), spec.ssh_port,
         )  # fmt: skip
         return self._session(record, "created")
+
+    def _show_home(self, spec: SessionSpec, account: Account) -> None:
+        """The login's lasting home, in a view of their own that their container binds: the
+        home's ids shown as their host account's (see `homes.store`)."""
+        view = reserve_view(self.config, spec.user, spec.key, (account.uid, account.gid))
+        if view is None:
+            return
+        try:
+            inside = container_uid(spec.user, self.config.users)
+        except AccessError as error:
+            raise SessionError(f"session {spec.key}: {error}") from None
+        maps = IdMaps.of_login(inside, account.uid, account.gid)
+        attach(self.config, spec.user, spec.key, inside, maps, view)
 
     def _listen(self, record: Record, deadline: float, bound: socket.socket | None = None) -> None:
         folder, address = self.records.folder(record.spec.key), self.host.bind_address
@@ -309,6 +325,7 @@ class UdockerBackend:
         session = self._session(record, "stopped")
         self.records.remove(key)
         self.files.remove(key)
+        detach(self.config, key)
         self.ends.forget(key)
         if finish:
             log.info("%s: stopped; output kept in %s", key, record.output_dir)
@@ -379,7 +396,10 @@ class UdockerBackend:
         kept = {safe_key(record.spec.key) for record in self.records.all()}
         kept |= {safe_key(key) for key in busy}
         removed = remove_others(self.config.daemon.host, kept, self.cgroup_root)
-        return [f"cgroup {name}" for name in removed]
+        released = release_unused(
+            self.config, lambda: [record.spec.key for record in self.records.all()] + list(busy)
+        )
+        return [f"cgroup {name}" for name in removed] + released
 
     # --- for the admin commands ------------------------------------------------------------
 

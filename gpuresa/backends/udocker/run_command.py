@@ -21,6 +21,8 @@ from gpuresa.backends.udocker.devices import driver_volumes
 from gpuresa.backends.udocker.records import Record
 from gpuresa.config.sections import Config
 from gpuresa.gpus.access import GpuAccess
+from gpuresa.homes.store import enabled as homes_enabled
+from gpuresa.homes.store import home_target, view_path
 from gpuresa.sessions.labels import SESSION_FILES_TARGET
 from gpuresa.sessions.templates import resolve_template
 
@@ -94,6 +96,9 @@ def start_container(
     """Start the session's container (`session_run`) as `account`, in its `cgroup`, with
     the GPUs `gpu` gives (device nodes, driver files under `root`); its output in `log_file`."""
     spec = record.spec
+    # the login's lasting home, where `_show_home` mounted it (see `homes.store`)
+    home = view_path(config, spec.user, spec.key, by_login=True)
+    homes = [(str(home), str(home_target(spec.user)), False)] if homes_enabled(config) else []
     run = session_run(
         config,
         account,
@@ -103,7 +108,7 @@ def start_container(
         record.container,
         files,
         record.output_dir,
-        volumes=driver_volumes(root, gpu.mounts),
+        volumes=[*driver_volumes(root, gpu.mounts), *homes],
         devices=[device["PathOnHost"] for device in gpu.devices],
         values=gpu.environment,
     )

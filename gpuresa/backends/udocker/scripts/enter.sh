@@ -16,15 +16,17 @@ enter() {
         /usr/bin/env -i HOME=/root TERM="${TERM:-dumb}" LANG="${LANG:-C.UTF-8}" \
         USER="$LOGNAME" LOGNAME="$LOGNAME" SHELL=/bin/bash "$@"
 }
+# the login's lasting home where the session has one (gpuresa's homes), else root's
+home="/home/$LOGNAME"
 case "${SSH_ORIGINAL_COMMAND:-}" in
 '')
     cat "$files/motd" 2>/dev/null || true
-    enter /bin/sh -c 'cd /root && exec /bin/bash -l'
+    enter "GPURESA_HOME=$home" /bin/sh -c '[ -d "$GPURESA_HOME" ] || GPURESA_HOME=/root; export HOME="$GPURESA_HOME"; unset GPURESA_HOME; cd "$HOME" && exec /bin/bash -l'
     ;;
 /usr/lib/openssh/sftp-server | internal-sftp)
-    enter /bin/sh -c 'cd /root && exec /usr/lib/openssh/sftp-server'
+    enter "GPURESA_HOME=$home" /bin/sh -c '[ -d "$GPURESA_HOME" ] || GPURESA_HOME=/root; export HOME="$GPURESA_HOME"; unset GPURESA_HOME; cd "$HOME" && exec /usr/lib/openssh/sftp-server'
     ;;
 *)
-    enter "GPURESA_COMMAND=$SSH_ORIGINAL_COMMAND" /bin/bash -lc 'cd /root && c=$GPURESA_COMMAND && unset GPURESA_COMMAND && eval "$c"'
+    enter "GPURESA_HOME=$home" "GPURESA_COMMAND=$SSH_ORIGINAL_COMMAND" /bin/sh -c '[ -d "$GPURESA_HOME" ] || GPURESA_HOME=/root; export HOME="$GPURESA_HOME"; unset GPURESA_HOME; cd "$HOME" && exec /bin/bash -lc '"'"'c=$GPURESA_COMMAND && unset GPURESA_COMMAND && eval "$c"'"'"
     ;;
 esac

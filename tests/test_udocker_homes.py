@@ -1,0 +1,86 @@
+"""On udocker, the login's home lasts between sessions too, as their own host account's.
+
+Real host accounts, real udocker sessions entered over SSH (see test_udocker).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from test_udocker import (  # noqa: F401  (the fixtures this module's tests take)
+    Site,
+    login_fixture,
+    make_fixture,
+    site_fixture,
+    spec_of,
+)
+
+from gpuresa.homes.store import home_root, image_path, mounted_path, view_path, views
+
+pytestmark = pytest.mark.services
+GRACE = timedelta(seconds=1)
+
+
+@pytest.fixture
+def stranger() -> Iterator[int]:
+    """Another host account (removed afterwards): its uid."""
+    login = f"uds{uuid.uuid4().hex[:6]}"
+    subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", login], check=True)
+    try:
+        yield int(subprocess.run(["id", "-u", login], capture_output=True, text=True).stdout)
+    finally:
+        subprocess.run(["userdel", login], check=False)
+
+
+def as_user(uid: int, *command: str) -> str:
+    result = subprocess.run(
+        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", *command],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    return (result.stdout + result.stderr).strip()
+
+
+def test_a_udocker_users_home_lasts_and_is_theirs_alone(
+    make: Callable[..., Site], stranger: int
+) -> None:
+    site = make()
+    backend = site.backend()
+    account = int(subprocess.run(["id", "-u", site.login], capture_output=True,
+                                 text=True, check=True).stdout)  # fmt: skip
+    first = backend.start(spec_of(site, backend))
+    try:
+        code, text = site.run(
+            first,
+            "echo $HOME; pwd; mkdir -p ~/.local/bin && printf 'tool-ok' > ~/.local/bin/tool "
+            "&& ls -A ~",
+        )
+        assert code == 0, text
+        home, where, *listing = text.split()
+        assert home == where == f"/home/{site.login}"
+        assert ".bashrc" in listing
+        # the view is the login's host account's, in a folder of theirs no one else enters
+        view = view_path(site.config, site.login, first.key, by_login=True)
+        assert os.path.ismount(view)
+        assert (view / ".local" / "bin" / "tool").stat().st_uid == account
+        assert "Permission denied" in as_user(stranger, "ls", str(view))
+        assert "Permission denied" in as_user(stranger, "ls", str(home_root(site.config)))
+    finally:
+        backend.stop(first.key, GRACE)
+    assert views(site.config) == []
+    assert not os.path.ismount(mounted_path(site.config, site.login))
+    assert image_path(site.config, site.login).exists()
+    second = backend.start(spec_of(site, backend))
+    try:
+        code, text = site.run(second, "cat ~/.local/bin/tool")
+        assert code == 0 and text.strip() == "tool-ok", text
+    finally:
+        backend.stop(second.key, GRACE)
+    assert not Path(view_path(site.config, site.login, second.key, by_login=True)).exists()
