@@ -32,6 +32,7 @@ bench: setup
 	$(VENV)/python benchmarks/bench_daemon.py
 	$(VENV)/python benchmarks/bench_walkin.py
 	$(VENV)/python benchmarks/bench_outputs.py
+	$(VENV)/python benchmarks/bench_homes.py
 	$(VENV)/python benchmarks/bench_telemetry.py
 	$(VENV)/python benchmarks/bench_grr.py
 	$(VENV)/python benchmarks/bench_slurm.py

@@ -71,6 +71,11 @@ def test_a_udocker_users_home_lasts_and_is_theirs_alone(
         assert os.path.ismount(view)
         assert (view / ".local" / "bin" / "tool").stat().st_uid == account
         assert "Permission denied" in as_user(stranger, "ls", str(view))
+        # the login enters its folder of views but cannot put a link there, where the next
+        # session's view would be mounted (over /etc, say) by root
+        assert view.parent.stat().st_uid == 0
+        planted = as_user(account, "ln", "-s", "/etc", str(view.parent / "next-session"))
+        assert "Permission denied" in planted
         assert "Permission denied" in as_user(stranger, "ls", str(home_root(site.config)))
     finally:
         backend.stop(first.key, GRACE)

@@ -97,8 +97,9 @@ def view_path(config: Config, login: str, key: str, *, by_login: bool = False) -
     """Session `key`'s view of `login`'s home: what its main container binds.
 
     `by_login`: for a session that runs as the login's host account (udocker),
-    whose own tools bind the view: in `<home_root>/.views/<login>`, the login's
-    own folder (mode 0700) in a folder only root lists.
+    whose own tools bind the view: in `<home_root>/.views/<login>`, root's, which
+    the login's group enters (mode 0710) and nobody else, in a folder only root
+    lists.
     """
     if by_login:
         return home_root(config) / LOGIN_VIEWS_FOLDER / login / safe_key(key)
@@ -142,7 +143,8 @@ def reserve_view(
     are off. The home is mounted there by `attach`, once the session's ids are known.
 
     `owner`: the login's host uid and gid, for a session that runs as them
-    (`view_path`'s `by_login`): their folder of views is theirs, mode 0700.
+    (`view_path`'s `by_login`): their folder of views is root's, entered by their
+    group alone (mode 0710).
     """
     if not enabled(config):
         return None
@@ -152,10 +154,14 @@ def reserve_view(
             views_root = view.parent.parent
             views_root.mkdir(mode=0o711, exist_ok=True)
             os.chmod(views_root, 0o711)
-            view.parent.mkdir(mode=0o700, exist_ok=True)
+            view.parent.mkdir(mode=0o710, exist_ok=True)
             if view.parent.is_symlink():
                 raise SessionError(f"{view.parent} is a symbolic link; refusing to use it")
-            os.chown(view.parent, *owner, follow_symlinks=False)
+            # root's, entered by the login's group alone: the login reaches its views but
+            # cannot put anything there (a link in place of a view would have the home
+            # mounted wherever it points)
+            os.chown(view.parent, 0, owner[1], follow_symlinks=False)
+            os.chmod(view.parent, 0o710, follow_symlinks=False)
         view.mkdir(mode=0o700, parents=True, exist_ok=True)
     return view
 
