@@ -426,3 +426,22 @@ def test_validate_lists_every_problem_and_exits_1(
     assert "3 problems in the configuration" in captured.err
     for key in ("calendars[lab].password_file", "storage.inputs[0].source", "users.keys_dir"):
         assert f"  - {key}: " in captured.err
+
+
+def test_homes_need_a_kernel_with_idmapped_mounts_and_a_place_for_their_root(
+    site: Site,
+) -> None:
+    from gpuresa.config.machine import _home_problems
+
+    config = site.config()
+    [problem] = _home_problems(config, "5.10.0-28-amd64")
+    assert problem.startswith("storage.home_quota: ") and "5.10.0-28-amd64" in problem
+    assert _home_problems(config, "5.12.0") == [] and _home_problems(config, "6.1.0-13") == []
+    off = site.text().replace("[storage]\n", '[storage]\nhome_quota = "off"\n')
+    assert _home_problems(site.config(off), "5.10.0") == []
+    # a home root set where nothing can make it
+    text = site.text().replace(
+        "[storage]\n", f'[storage]\nhome_root = "{site.folder / "absent" / "homes"}"\n'
+    )
+    [problem] = machine_problems(site.config(text), site.environment, no_unit)
+    assert problem.startswith(f"storage.home_root: {site.folder / 'absent'} does not exist")

@@ -12,6 +12,7 @@ lists every problem at once, each with its key path.
 from __future__ import annotations
 
 import os
+import re
 import ssl
 import stat
 from collections.abc import Callable, Mapping
@@ -84,6 +85,7 @@ def machine_problems(
     if notify.enabled and notify.security != "none" and notify.ca_file is not None:
         problems.extend(_ca_problems(notify.ca_file))
     problems.extend(_folder_problems(config))
+    problems.extend(_home_problems(config, os.uname().release))
     storage = config.storage
     if storage.ftp_tls_cert is not None and storage.ftp_tls_key is not None:
         problems.extend(_certificate_problems(storage.ftp_tls_cert, storage.ftp_tls_key))
@@ -187,10 +189,13 @@ def _folder_problems(config: Config) -> list[str]:
             f"users.keys_dir: {problem}, so {who} could log in to their sessions: create it "
             "(install -d -m 0750) and put each user's key in it as <login>.pub"
         )
-    for key, folder in (
+    folders = [
         ("storage.output_root", config.storage.output_root),
         ("daemon.state_dir", config.daemon.state_dir),
-    ):
+    ]
+    if config.storage.home_root is not None and config.storage.home_quota != "off":
+        folders.append(("storage.home_root", config.storage.home_root))
+    for key, folder in folders:
         problem = _folder(folder)
         if problem is None:
             continue
@@ -208,6 +213,24 @@ def _folder_problems(config: Config) -> list[str]:
         if problem is not None:
             problems.append(f"templates.directory: {problem}")
     return problems
+
+
+# idmapped mounts (`mount_setattr`): what shows each session its user's home
+IDMAPPED_MOUNTS_SINCE = (5, 12)
+
+
+def _home_problems(config: Config, kernel: str) -> list[str]:
+    """Why the lasting homes would fail on a kernel of release `kernel`."""
+    if config.storage.home_quota == "off" or all(h.engine == "slurm" for h in config.hosts):
+        return []
+    numbers = tuple(int(part) for part in re.findall(r"\d+", kernel)[:2])
+    if len(numbers) == 2 and numbers < IDMAPPED_MOUNTS_SINCE:
+        return [
+            f"storage.home_quota: each session sees its user's home through an idmapped "
+            f"mount, which needs Linux 5.12 or later (this kernel is {kernel}), so no session "
+            'could start: set home_quota = "off" for sessions without a lasting home'
+        ]
+    return []
 
 
 def _folder(path: Path) -> str | None:
