@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "gpuresa.commands.daemon_commands",
     "gpuresa.commands.bench_commands",
     "gpuresa.commands.output_commands",
+    "gpuresa.commands.home_commands",
     "gpuresa.commands.trust_commands",
     "gpuresa.commands.host_commands",
     "gpuresa.commands.report_commands",

@@ -6,6 +6,7 @@ last use, a notice beside it), with the clock given.
 
 from __future__ import annotations
 
+import json
 import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -144,3 +145,29 @@ def test_files_that_are_not_a_logins_home_are_left_alone(tmp_path: Path) -> None
     mailbox = Mailbox()
     review(config, LAST_USE + timedelta(days=3), mailbox)
     assert stranger.exists() and not image.exists() and mailbox.sent == []
+
+
+def test_homes_list_shows_each_home_its_use_and_its_removal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpuresa.cli import main
+
+    config_file = tmp_path / "config.toml"
+    config_file.write_text(
+        f'[daemon]\nstate_dir = "{tmp_path / "state"}"\n'
+        f'[storage]\noutput_root = "{tmp_path / "output"}"\nhome_retention = "30d"\n'
+    )
+    config = config_at(tmp_path, home_retention="30d")
+    alice = home_used(config, "alice", LAST_USE)
+    alice.write_bytes(b"x" * 8192)
+    os.utime(alice, (LAST_USE.timestamp(), LAST_USE.timestamp()))
+    home_used(config, "bob", LAST_USE)
+    store.view_path(config, "bob", "k1").mkdir(parents=True)
+    assert main(["homes", "list", "--config", str(config_file), "--json"]) == 0
+    listed = {home["login"]: home for home in json.loads(capsys.readouterr().out)}
+    assert listed["alice"]["removal"] == (LAST_USE + timedelta(days=30)).isoformat()
+    assert listed["alice"]["used_bytes"] >= 8192 and listed["alice"]["sessions"] == 0
+    assert listed["bob"]["sessions"] == 1 and listed["bob"]["removal"] is None
+    assert main(["homes", "list", "--config", str(config_file)]) == 0
+    table = capsys.readouterr().out
+    assert "in use by 1 session(s)" in table and "alice" in table

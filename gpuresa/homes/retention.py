@@ -69,7 +69,7 @@ def _notice_path(image: Path) -> Path:
     return image.with_suffix(".notice")
 
 
-def _noticed(image: Path, last_use: datetime) -> datetime | None:
+def noticed(image: Path, last_use: datetime) -> datetime | None:
     """When the notice for this last use went out, or None."""
     with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
         record = json.loads(_notice_path(image).read_text())
@@ -93,7 +93,7 @@ def review(config: Config, now: datetime, to_user: ToUser) -> str:
     root = store.home_root(config)
     if not root.is_dir():
         return "no home yet"
-    noticed = removed = 0
+    told = removed = 0
     in_use = {login for login, _, _ in store.views(config)}
     for image in sorted(root.glob("*.img")):
         login = image.stem
@@ -104,7 +104,7 @@ def review(config: Config, now: datetime, to_user: ToUser) -> str:
         if login in in_use:
             continue
         last_use = datetime.fromtimestamp(image.stat().st_mtime, UTC)
-        sent = _noticed(image, last_use)
+        sent = noticed(image, last_use)
         removal = removal_of(last_use, sent, config)
         assert removal is not None
         notice = config.storage.home_removal_notice
@@ -115,11 +115,11 @@ def review(config: Config, now: datetime, to_user: ToUser) -> str:
                 to_user(f"home-{login}", f"home-removal-{last_use:%Y%m%dT%H%M%S}", login, None,
                         message)  # fmt: skip
                 _remember_notice(image, last_use, now)
-                noticed += 1
+                told += 1
             continue
         if now >= removal and _remove(config, login, image, last_use):
             removed += 1
-    return f"{noticed} home removal notice(s), {removed} home(s) removed"
+    return f"{told} home removal notice(s), {removed} home(s) removed"
 
 
 def _remove(config: Config, login: str, image: Path, last_use: datetime) -> bool:
