@@ -13,12 +13,13 @@ import os
 import shutil
 import subprocess
 import tempfile
-import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from support.accounts import as_uid as as_user
+from support.accounts import throwaway_account
 from support.logins import run
 from test_runtime import (  # noqa: F401  (the fixtures this module's tests take)
     Site,
@@ -66,24 +67,9 @@ def open_root() -> Iterator[Path]:
 
 @pytest.fixture
 def host_user() -> Iterator[int]:
-    """A throw-away host account (removed afterwards): its uid."""
-    login = f"ghome{uuid.uuid4().hex[:6]}"
-    subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", login], check=True)
-    try:
-        yield int(subprocess.run(["id", "-u", login], capture_output=True, text=True).stdout)
-    finally:
-        subprocess.run(["userdel", login], check=False)
-
-
-def as_user(uid: int, *command: str) -> str:
-    """What `command` prints (stdout then stderr) run as host uid `uid`, no privileges."""
-    result = subprocess.run(
-        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", *command],
-        capture_output=True,
-        text=True,
-        timeout=20,
-    )
-    return (result.stdout + result.stderr).strip()
+    """A throw-away host account: its uid."""
+    with throwaway_account("ghome") as uid:
+        yield uid
 
 
 def euid_through(shell: Path, uid: int) -> str:

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from support.accounts import as_uid as as_user
+from support.accounts import throwaway_account
 from test_udocker import (  # noqa: F401  (the fixtures this module's tests take)
     Site,
     login_fixture,
@@ -29,23 +30,9 @@ GRACE = timedelta(seconds=1)
 
 @pytest.fixture
 def stranger() -> Iterator[int]:
-    """Another host account (removed afterwards): its uid."""
-    login = f"uds{uuid.uuid4().hex[:6]}"
-    subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", login], check=True)
-    try:
-        yield int(subprocess.run(["id", "-u", login], capture_output=True, text=True).stdout)
-    finally:
-        subprocess.run(["userdel", login], check=False)
-
-
-def as_user(uid: int, *command: str) -> str:
-    result = subprocess.run(
-        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", *command],
-        capture_output=True,
-        text=True,
-        timeout=20,
-    )
-    return (result.stdout + result.stderr).strip()
+    """Another host account: its uid."""
+    with throwaway_account("uds") as uid:
+        yield uid
 
 
 def test_a_udocker_users_home_lasts_and_is_theirs_alone(

@@ -43,8 +43,10 @@ import time
 from collections.abc import Callable, Collection, Iterator
 from pathlib import Path, PurePosixPath
 
+from gpuresa.access import AccessError, container_uid
 from gpuresa.config.sections import Config
 from gpuresa.homes.idmap import IdMaps, bind_idmapped
+from gpuresa.outputs.capped import run_tool
 from gpuresa.outputs.running_area import unmount
 from gpuresa.sessions.errors import SessionError
 from gpuresa.sessions.labels import safe_key
@@ -127,15 +129,6 @@ def locked(config: Config) -> Iterator[None]:
         yield
 
 
-def _run(*command: str) -> None:
-    try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT)
-    except (OSError, subprocess.TimeoutExpired) as error:
-        raise OSError(f"{command[0]}: {error}") from None
-    if result.returncode != 0:
-        raise OSError(f"{' '.join(command[:2])}…: {result.stderr.strip() or result.returncode}")
-
-
 def reserve_view(
     config: Config, login: str, key: str, owner: tuple[int, int] | None = None
 ) -> Path | None:
@@ -164,6 +157,25 @@ def reserve_view(
             os.chmod(view.parent, 0o710, follow_symlinks=False)
         view.mkdir(mode=0o700, parents=True, exist_ok=True)
     return view
+
+
+def show_home(
+    config: Config,
+    login: str,
+    key: str,
+    maps: Callable[[int], IdMaps],
+    owner: tuple[int, int] | None = None,
+) -> None:
+    """`reserve_view` and `attach` in one, for a session whose ids are known: `maps` gives
+    the view's id maps from the login's uid in sessions. Raises `SessionError`."""
+    view = reserve_view(config, login, key, owner)
+    if view is None:
+        return
+    try:
+        inside = container_uid(login, config.users)
+    except AccessError as error:
+        raise SessionError(f"session {key}: {error}") from None
+    attach(config, login, key, inside, maps(inside), view)
 
 
 def attach(config: Config, login: str, key: str, inside_uid: int, maps: IdMaps, view: Path) -> None:
@@ -202,7 +214,7 @@ def _mount_home(config: Config, login: str, inside_uid: int) -> Path:
         # hand) has it
         raise OSError(f"{image} is in use elsewhere ({', '.join(holders)})")
     try:
-        _run("mount", "-t", "ext4", "-o", MOUNT_OPTIONS, str(image), str(point))
+        run_tool("mount", "-t", "ext4", "-o", MOUNT_OPTIONS, str(image), str(point))
         if made:
             _first_files(point, inside_uid)
     except OSError:
@@ -236,7 +248,7 @@ def _make_image(config: Config, image: Path, inside_uid: int) -> None:
         os.close(descriptor)
     try:
         owner = f"root_owner={inside_uid}:{inside_uid}"
-        _run(*MKFS, "-E", f"{MKFS_EXTENDED},{owner}", str(image))
+        run_tool(*MKFS, "-E", f"{MKFS_EXTENDED},{owner}", str(image))
     except OSError:
         image.unlink(missing_ok=True)
         raise

@@ -146,7 +146,8 @@ def cap_refusal(config: Config, limit: int) -> str | None:
     return None
 
 
-def _run(*command: str) -> None:
+def run_tool(*command: str) -> None:
+    """Run `command` (mount, mkfs, umount…); raises `OSError` with its error output."""
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT)
     except (OSError, subprocess.TimeoutExpired) as error:
@@ -185,8 +186,8 @@ def mount_capped(config: Config, key: str, folder: Path, limit: int) -> None:
                 os.ftruncate(descriptor, limit)
             finally:
                 os.close(descriptor)
-            _run(*MKFS, str(image))
-        _run("mount", "-t", "ext4", "-o", MOUNT_OPTIONS, str(image), str(folder))
+            run_tool(*MKFS, str(image))
+        run_tool("mount", "-t", "ext4", "-o", MOUNT_OPTIONS, str(image), str(folder))
         # mkfs's lost+found would be the first thing in the user's output
         with contextlib.suppress(OSError):
             (folder / "lost+found").rmdir()
@@ -247,7 +248,7 @@ def release_capped(config: Config, key: str, running: Path, stored: Path) -> Non
     # peers), go first: a mount point cannot be renamed, and the copy reads a private mount
     for point in (running, stored):
         while os.path.ismount(point):
-            _run("umount", str(point))
+            run_tool("umount", str(point))
     if not image.is_file():
         return
     _room_to_copy(config, image)
@@ -257,11 +258,11 @@ def release_capped(config: Config, key: str, running: Path, stored: Path) -> Non
     reader = store(config) / f".{safe_key(key)}.copy"
     reader.mkdir(mode=0o700, exist_ok=True)
     try:
-        _run("mount", "-t", "ext4", "-o", f"{MOUNT_OPTIONS},ro", str(image), str(reader))
+        run_tool("mount", "-t", "ext4", "-o", f"{MOUNT_OPTIONS},ro", str(image), str(reader))
         try:
             copy_tree(reader, stored)
         finally:
-            _run("umount", str(reader))
+            run_tool("umount", str(reader))
     finally:
         with contextlib.suppress(OSError):
             reader.rmdir()
@@ -301,7 +302,7 @@ def discard_image(config: Config, key: str) -> bool:
     """
     for point in (running_path(config, key), stored_path(config, key)):
         while os.path.ismount(point):
-            _run("umount", str(point))
+            run_tool("umount", str(point))
     image = image_path(config, key)
     found = image.is_file()
     image.unlink(missing_ok=True)

@@ -26,7 +26,7 @@ from gpuresa.backends.engines.readiness import log_tails, wait_ready
 from gpuresa.backends.engines.sidecar import revive_sidecar
 from gpuresa.gpus.devices import host_gpu_access
 from gpuresa.homes.idmap import IdMaps
-from gpuresa.homes.store import attach, reserve_view
+from gpuresa.homes.store import attach, reserve_view, show_home
 from gpuresa.model import IdRange, Session, SessionSpec
 from gpuresa.outputs.capped import cap_output
 from gpuresa.outputs.credentials import HostCredentials
@@ -222,15 +222,8 @@ def prepare_session(
 
 def _show_home(sessions: HostSessions, session: Session) -> None:
     """Mount `session`'s view of its user's home again where it is not (see `homes.store`)."""
-    view = reserve_view(sessions.config, session.user, session.key)
-    if view is None:
-        return
-    try:
-        uid = container_uid(session.user, sessions.config.users)
-    except AccessError as error:
-        raise SessionError(f"session {session.key}: {error}") from None
     ids = session.id_range or IdRange(0, 0, SESSION_ID_COUNT)
-    attach(sessions.config, session.user, session.key, uid, IdMaps.of_range(ids), view)
+    show_home(sessions.config, session.user, session.key, lambda _: IdMaps.of_range(ids))
 
 
 def published_ports(spec: SessionSpec) -> list[int]:

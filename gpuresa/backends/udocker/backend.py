@@ -23,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from signal import Signals
 
-from gpuresa.access import AccessError, Account, authorized_keys, container_uid, host_account
+from gpuresa.access import AccessError, Account, authorized_keys, host_account
 from gpuresa.backends.udocker import launch, listening, stopping, tools
 from gpuresa.backends.udocker.cgroups import CGROUP_ROOT, SessionCgroup, remove_others
 from gpuresa.backends.udocker.devices import denied_devices
@@ -35,7 +35,7 @@ from gpuresa.config.capabilities import UDOCKER
 from gpuresa.config.sections import Config, HostConfig
 from gpuresa.gpus.devices import HostGpus, host_gpu_access
 from gpuresa.homes.idmap import IdMaps
-from gpuresa.homes.store import attach, detach, release_unused, reserve_view
+from gpuresa.homes.store import detach, release_unused, show_home
 from gpuresa.model import Session, SessionSpec
 from gpuresa.outputs.disk import start_refusal
 from gpuresa.sessions.errors import SessionError
@@ -273,15 +273,10 @@ class UdockerBackend:
     def _show_home(self, spec: SessionSpec, account: Account) -> None:
         """The login's lasting home, in a view of their own that their container binds: the
         home's ids shown as their host account's (see `homes.store`)."""
-        view = reserve_view(self.config, spec.user, spec.key, (account.uid, account.gid))
-        if view is None:
-            return
-        try:
-            inside = container_uid(spec.user, self.config.users)
-        except AccessError as error:
-            raise SessionError(f"session {spec.key}: {error}") from None
-        maps = IdMaps.of_login(inside, account.uid, account.gid)
-        attach(self.config, spec.user, spec.key, inside, maps, view)
+        ids = (account.uid, account.gid)
+        show_home(
+            self.config, spec.user, spec.key, lambda inside: IdMaps.of_login(inside, *ids), ids
+        )
 
     def _listen(self, record: Record, deadline: float, bound: socket.socket | None = None) -> None:
         folder, address = self.records.folder(record.spec.key), self.host.bind_address
