@@ -45,6 +45,7 @@ from gpuresa.homes.store import (
 )
 from gpuresa.model import IdRange
 from gpuresa.sessions.errors import SessionError
+from gpuresa.sessions.labels import safe_key
 
 GRACE = timedelta(seconds=1)
 
@@ -262,3 +263,29 @@ def test_a_home_mounted_elsewhere_is_not_mounted_twice(tmp_path: Path) -> None:
     assert (view_path(config, "alice", "k1") / ".bashrc").exists()
     subprocess.run(["umount", str(view_path(config, "alice", "k1"))], check=True)
     subprocess.run(["umount", str(mounted_path(config, "alice"))], check=True)
+
+
+def test_host_release_lets_go_of_homes_and_views_no_session_needs(tmp_path: Path) -> None:
+    from gpuresa.backends.engines.host_holds import holdings, release
+
+    config = parse_config(
+        {"storage": {"output_root": str(tmp_path / "output")},
+         "daemon": {"state_dir": str(tmp_path / "state")}},
+        "test.toml",
+    )  # fmt: skip
+    maps = IdMaps.of_range(IdRange(100000, 100000, 65536))
+    for key in ("k1", "k2"):
+        view = reserve_view(config, "alice", key)
+        assert view is not None
+        attach(config, "alice", key, 1000, maps, view)
+    held = {str(holding): holding.key for holding in holdings(config)}
+    home = f"mount {mounted_path(config, 'alice')}"
+    assert held[home] is None
+    assert held[f"mount {view_path(config, 'alice', 'k1')}"] == safe_key("k1")
+    # k2 still runs: its view and the home stay, k1's goes
+    kept, released = release(config, ["k2"])
+    assert {str(holding) for holding in released} == {f"mount {view_path(config, 'alice', 'k1')}"}
+    assert home in {str(holding) for holding in kept}
+    release(config, [], everything=True)
+    assert not os.path.ismount(mounted_path(config, "alice"))
+    assert not os.path.ismount(view_path(config, "alice", "k2"))

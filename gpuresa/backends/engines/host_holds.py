@@ -3,9 +3,10 @@
 Sessions leave traces that neither an engine's listing nor the output
 folders show: the running area's mount (`outputs.running_area`), each capped output's
 image mounted through a loop device (`outputs.capped`), each capped writable
-layer's loop device (`layers`), and the network namespaces Podman keeps under
-/run/netns. A session that ends takes its own with it; what is left when no
-running session needs it keeps its folder busy (it cannot be removed,
+layer's loop device (`layers`), the users' homes and each session's view of one
+(`homes.store`), and the network namespaces Podman keeps under /run/netns.
+A session that ends takes its own with it; what is left when no running
+session needs it keeps its folder busy (it cannot be removed,
 `EBUSY`), a loop device taken and, for an image, its blocks held.
 
 `holdings` lists them; `release` lets go of those no running session needs:
@@ -30,6 +31,7 @@ from typing import Literal
 
 from gpuresa.backends.engines.layers import LAYERS_FOLDER
 from gpuresa.config.sections import Config
+from gpuresa.homes.store import MOUNTED_FOLDER, VIEWS_FOLDER, homes_area
 from gpuresa.outputs.running_area import (
     area,
     mount_points,
@@ -136,12 +138,16 @@ def _let_go(config: Config, holding: Holding) -> None:
 
 
 def _mounts(config: Config, mountinfo: str) -> list[Holding]:
-    """The area's mount and every mount at or below the area or the store (images)."""
+    """The area's mount and every mount at or below the area or the store (images); the
+    users' homes mounted and each session's view of one (`homes.store`)."""
     running, stored = area(config).resolve(), store(config).resolve()
+    homes = homes_area(config).resolve()
     found = []
     for point in dict.fromkeys(mount_points(mountinfo)):
-        if point == running:
+        if point == running or point.parent == homes / MOUNTED_FOLDER:
             found.append(Holding("mount", str(point)))
+        elif point.parent.parent == homes / VIEWS_FOLDER:
+            found.append(Holding("mount", str(point), point.name))
         elif point.parent in (running, stored):
             # `<key>` at either place, or a copy's reader `.<key>.copy`
             name = point.name.removeprefix(".").removesuffix(".copy")
