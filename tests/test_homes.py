@@ -48,6 +48,13 @@ from gpuresa.sessions.errors import SessionError
 from gpuresa.sessions.labels import safe_key
 
 GRACE = timedelta(seconds=1)
+# a package where `pip install --user` puts one, and its import in a later session
+INSTALL_PACKAGE = (
+    'site=$(python3 -c "import site; print(site.getusersitepackages())") '
+    '&& mkdir -p "$site/lasting" '
+    '&& echo \'WHEN = "installed-before"\' > "$site/lasting/__init__.py"'
+)
+IMPORT_PACKAGE = "python3 -c 'import lasting; print(lasting.WHEN)'"
 
 
 @pytest.fixture
@@ -97,7 +104,9 @@ def test_what_a_user_installs_is_there_in_their_next_session_with_its_owners(
             site,
             first,
             "alice",
-            "mkdir -p ~/.local/bin && printf '#!/bin/sh\\necho tool-ok\\n' > ~/.local/bin/tool "
+            # what `pip install --user` leaves: a package in the user's site folder
+            f"{INSTALL_PACKAGE} && mkdir -p ~/.local/bin "
+            "&& printf '#!/bin/sh\\necho tool-ok\\n' > ~/.local/bin/tool "
             "&& chmod +x ~/.local/bin/tool && sudo -n touch ~/made-by-root && echo $HOME "
             "&& id -u && ls -a ~",
         )
@@ -114,9 +123,9 @@ def test_what_a_user_installs_is_there_in_their_next_session_with_its_owners(
     try:
         output = in_session(
             site, second, "alice", "~/.local/bin/tool && stat -c '%u %U' ~/.local/bin/tool "
-            "~/made-by-root && touch ~/again"
+            f"~/made-by-root && touch ~/again && {IMPORT_PACKAGE}"
         )  # fmt: skip
-        assert output.split() == ["tool-ok", uid, "alice", "0", "root"]
+        assert output.split() == ["tool-ok", uid, "alice", "0", "root", "installed-before"]
     finally:
         runtime.stop(second.key, GRACE)
 

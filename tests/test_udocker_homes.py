@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from support.accounts import as_uid as as_user
 from support.accounts import throwaway_account
+from test_homes import IMPORT_PACKAGE, INSTALL_PACKAGE
 from test_udocker import (  # noqa: F401  (the fixtures this module's tests take)
     Site,
     login_fixture,
@@ -46,8 +47,8 @@ def test_a_udocker_users_home_lasts_and_is_theirs_alone(
     try:
         code, text = site.run(
             first,
-            "echo $HOME; pwd; mkdir -p ~/.local/bin && printf 'tool-ok' > ~/.local/bin/tool "
-            "&& ls -A ~",
+            f"echo $HOME; pwd; {INSTALL_PACKAGE} && mkdir -p ~/.local/bin "
+            "&& printf 'tool-ok' > ~/.local/bin/tool && ls -A ~",
         )
         assert code == 0, text
         home, where, *listing = text.split()
@@ -71,8 +72,8 @@ def test_a_udocker_users_home_lasts_and_is_theirs_alone(
     assert image_path(site.config, site.login).exists()
     second = backend.start(spec_of(site, backend))
     try:
-        code, text = site.run(second, "cat ~/.local/bin/tool")
-        assert code == 0 and text.strip() == "tool-ok", text
+        code, text = site.run(second, f"cat ~/.local/bin/tool && echo && {IMPORT_PACKAGE}")
+        assert code == 0 and text.split() == ["tool-ok", "installed-before"], text
     finally:
         backend.stop(second.key, GRACE)
     assert not Path(view_path(site.config, site.login, second.key, by_login=True)).exists()
