@@ -49,6 +49,7 @@ from gpuresa.backends.engines.namespaces import require_user_namespaces
 from gpuresa.cli import main
 from gpuresa.config.reading import parse_config
 from gpuresa.config.sections import Config
+from gpuresa.homes.store import view_path
 from gpuresa.model import Session, SessionSpec
 from gpuresa.outputs.folder import remap_base
 from gpuresa.outputs.running_area import running_path
@@ -318,8 +319,13 @@ def test_the_containers_are_confined(site: Site) -> None:
     assert settings["ShmSize"] == 256 * 1024**2
     assert settings["PidsLimit"] == 512
     mounts = {mount["Destination"]: mount for mount in main_container.attrs["Mounts"]}
-    assert set(mounts) == {"/data", "/output", "/etc/gpuresa/session", "/etc/ssh/gpuresa-host-keys"}
+    assert set(mounts) == {
+        "/data", "/output", "/etc/gpuresa/session", "/etc/ssh/gpuresa-host-keys", "/home/alice"
+    }  # fmt: skip
     assert mounts["/data"]["RW"] is False and mounts["/output"]["RW"] is True
+    # the login's lasting home: its own view, nothing else of the homes' folder
+    assert mounts["/home/alice"]["RW"] is True
+    assert mounts["/home/alice"]["Source"] == str(view_path(site.config, "alice", session.key))
     # the session's files are written on the host; the session may only read them
     assert mounts["/etc/gpuresa/session"]["RW"] is False
     assert mounts["/etc/ssh/gpuresa-host-keys"]["RW"] is False

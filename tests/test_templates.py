@@ -144,6 +144,7 @@ def test_the_build_context_keeps_executable_bits() -> None:
         "Dockerfile": 0o644,
         "entrypoint.sh": 0o755,
         "install.sh": 0o755,
+        "notebook.sh": 0o755,
         "template-motd.sh": 0o644,
         "sshd_config": 0o644,
     }

@@ -32,6 +32,10 @@ class Capabilities:
     - **remote_nodes**: sessions run on other machines (a cluster's nodes): this
       machine's GPUs and processes are not theirs.
     - **isolation**: what separates two sessions, in a sentence for the admin.
+    - **tool_sockets**: where a template's browser tools (`[[tools]]`) put their unix
+      sockets, which the session's sshd forwards: "session" (a folder of the session's
+      own filesystem, its sshd inside), "host" (a host folder of the login's, bound at
+      the same path: its sshd runs on the host) or "none" (no tools are started).
     """
 
     places_gpus: bool
@@ -41,6 +45,7 @@ class Capabilities:
     ssh_as_login: bool
     remote_nodes: bool
     isolation: str
+    tool_sockets: str = "session"
 
 
 _SHARED_OUTPUTS = (
@@ -75,6 +80,8 @@ UDOCKER = Capabilities(
     remote_nodes=False,
     isolation="udocker sessions as the booking's own login (root of a user namespace that "
     "maps only the login's uid; cgroups gpuresa owns; its ssh port bound by root)",
+    # the host's network namespace: a tool's socket is a file only the login can reach
+    tool_sockets="host",
 )
 SLURM = Capabilities(
     places_gpus=True,
@@ -85,6 +92,7 @@ SLURM = Capabilities(
     remote_nodes=True,
     isolation="slurm jobs as the booking's own login (no root in a session; the job's "
     "GPUs confined by the cluster's cgroup.conf)",
+    tool_sockets="none",
 )
 
 _BY_ENGINE = {"docker": DOCKER, "podman": PODMAN, "udocker": UDOCKER, "slurm": SLURM}

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 from gpuresa.config.sections import Config
+from gpuresa.daemon.tool_lines import start_tool_lines
 from gpuresa.gpus.findings import GpuLostFromHost, GpuLostInSession, IdleBooking, UnbookedProcess
 from gpuresa.mail.notices import (
     SUBJECT_PREFIX,
@@ -93,6 +94,8 @@ class Notices:
             details=self._start_details(session),
             password_in_mail=configured is not None,
             ftps=session_capabilities(self.config, session).ftp_sidecar,
+            # the template's browser tools: each one's ssh -L line and URL with its token
+            tools=start_tool_lines(self.config, session, session.place or self._public_host()),
         )
         if self.calendar is not None:
             self.calendar.running(session, session.place or self._public_host())

@@ -61,6 +61,7 @@ def start_message(
     details: str = "",
     password_in_mail: bool = True,
     ftps: bool = True,
+    tools: str = "",
 ) -> tuple[str, str]:
     """The notice sent when a session starts: how to log in, FTP access, the end.
 
@@ -74,8 +75,9 @@ def start_message(
     Given the running session (with its FTP credentials), the host name users
     connect to (`[[hosts]].public_name`, else its name) and the site time zone;
     `details` (the host CA line, the output service: `outputs.messages.start_details`)
-    is added before the closing lines. The body holds the exact line
-    `ssh -p PORT user@host` on a line of its own.
+    is added before the closing lines; `tools` (the template's browser tools: each one's
+    `ssh -L` line and URL, `gpuresa.sessions.tools.tools_text`) after the login line.
+    The body holds the exact line `ssh -p PORT user@host` on a line of its own.
     """
     end = format_time(session.end, timezone)
     until = format_clock(session.end, timezone, offset=False)
@@ -89,7 +91,7 @@ Hello {session.user},
 your GPU session on {session.host} has started. Log in with:
 
 ssh -p {session.ssh_port} {session.user}@{public_host}
-
+{_tools_paragraph(tools)}
   GPUs:      {_gpus(session)}
   Template:  {_template(session)}
   Ends:      {end}
@@ -107,6 +109,11 @@ You will be warned by e-mail and in the session before the end.
 Reservation: {one_line(session.key)}
 """
     return subject, body
+
+
+def _tools_paragraph(tools: str) -> str:
+    """The start notice's lines of the template's browser tools, set off by blank lines."""
+    return f"\n{tools.rstrip()}\n" if tools.strip() else ""
 
 
 # what lftp needs to insist on TLS and check the host's certificate (saved as ftps.pem)

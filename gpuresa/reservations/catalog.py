@@ -11,6 +11,10 @@ Each template is a folder `<directory>/<name>/` with a `template.toml`:
     [variants."11.8"]
     base_image = "pytorch/pytorch:2.1.2-cuda11.8-cudnn8-runtime"
 
+    [[tools]]                                           # optional: browser tools reached
+    name = "jupyter"                                    # through SSH, see
+    ...                                                 # `gpuresa.reservations.template_tools`
+
 Keys this module does not know are left for others (the image builder adds
 its own); the ones it knows are checked, with the same rules as
 `gpuresa.sessions.templates` (which builds the images, and needs a Dockerfile
@@ -31,6 +35,7 @@ from typing import Any
 
 from gpuresa.config.sections import Config
 from gpuresa.errors import UserError
+from gpuresa.reservations.template_tools import Tool, read_tools
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +66,8 @@ class Template:
     description: str
     command: tuple[str, ...] | None
     variants: tuple[Variant, ...]
+    # browser tools reached through SSH (`gpuresa.reservations.template_tools`)
+    tools: tuple[Tool, ...] = ()
 
     @property
     def default_variant(self) -> Variant:
@@ -137,6 +144,8 @@ def _template_from(name: str, directory: Path, data: Mapping[str, Any], file: Pa
             problems.append(f"{where}.base_image: expected an image name such as 'repo/name:tag'")
             continue
         variants.append(Variant(variant_name, image))
+    tools, tool_problems = read_tools(data)
+    problems += tool_problems
     if problems:
         raise TemplateError(f"{file}: " + "; ".join(problems))
     return Template(
@@ -145,6 +154,7 @@ def _template_from(name: str, directory: Path, data: Mapping[str, Any], file: Pa
         description=description,
         command=tuple(command) if command is not None else None,
         variants=tuple(variants),
+        tools=tools,
     )
 
 

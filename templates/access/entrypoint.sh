@@ -94,6 +94,33 @@ touch /var/run/utmp
 chgrp utmp /var/run/utmp 2>/dev/null || true
 chmod 0664 /var/run/utmp
 
+# --- the template's browser tools, in the background as the user -------------------
+# gpuresa writes each started tool's command in the session's folder (its arguments,
+# NUL-ended) with the session's token, readable by the login alone; the tool listens on
+# a unix socket in the login's own folder here, which sshd forwards to (ssh -L) and
+# nobody outside the session reaches (see gpuresa.sessions.tools). Nothing waits for it.
+tools_dir="${GPURESA_TOOLS_DIR:-/run/gpuresa-tools}"
+for command_file in /etc/gpuresa/session/tool-*.command; do
+    [ -f "$command_file" ] || continue
+    name=${command_file##*/tool-}
+    name=${name%.command}
+    echo "$name" | grep -Eqx '[a-z][a-z0-9-]{0,30}' || continue
+    mkdir -p "$tools_dir"
+    chown "$uid:$uid" "$tools_dir"
+    chmod 0700 "$tools_dir"
+    tool_log="/var/log/gpuresa/tool-$name.log"
+    : >>"$tool_log"
+    chown "$uid:$uid" "$tool_log"
+    echo "gpuresa entrypoint: starting the tool $name as $login" >&2
+    (
+        cd "$home"
+        exec env HOME="$home" USER="$login" LOGNAME="$login" \
+            GPURESA_TOOL_SOCKET="$tools_dir/$name.sock" \
+            GPURESA_TOOL_TOKEN_FILE=/etc/gpuresa/session/tool-token \
+            xargs -0 -a "$command_file" setpriv --reuid="$uid" --regid="$uid" --init-groups --
+    ) >>"$tool_log" 2>&1 </dev/null &
+done
+
 # --- the template's command, in the background as the user --------------------------
 if [ "$#" -gt 0 ]; then
     echo "gpuresa entrypoint: starting the template's command as $login: $*" >&2

@@ -53,5 +53,5 @@ ln -s /etc/gpuresa/session/motd /etc/motd
 ln -s session/end /etc/gpuresa/end
 cp /opt/gpuresa/template-motd.sh /etc/profile.d/gpuresa-template-motd.sh
 chmod 0644 /etc/profile.d/gpuresa-template-motd.sh
-chmod 0755 /opt/gpuresa/entrypoint.sh
+chmod 0755 /opt/gpuresa/entrypoint.sh /opt/gpuresa/notebook.sh
 rm -f /opt/gpuresa/Dockerfile /opt/gpuresa/install.sh /opt/gpuresa/template-motd.sh

@@ -48,6 +48,8 @@ from gpuresa.sessions.labels import (
 )
 from gpuresa.sessions.limits import session_limits
 from gpuresa.sessions.templates import resolve_template
+from gpuresa.sessions.tool_access import show_tools
+from gpuresa.sessions.tools import SESSION_SOCKETS
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +180,14 @@ def prepare_session(
         # the FTP password, for the login alone to read in the session
         sessions.files.show_secret(
             key, FTP_PASSWORD_FILE, credentials.password + "\n", base_uid + uid, base_gid + uid
+        )
+        # the browser tools' commands, token and login lines (the last two for the login alone)
+        show_tools(
+            sessions.config,
+            sessions.files,
+            labelled,
+            SESSION_SOCKETS,
+            (base_uid + uid, base_gid + uid),
         )
         # a fresh host key of its own, certified for its time only, readable by its root;
         # the FTPS certificate for the sidecar's root

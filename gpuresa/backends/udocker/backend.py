@@ -20,7 +20,7 @@ import socket
 import time
 from collections.abc import Collection
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from signal import Signals
 
 from gpuresa.access import AccessError, Account, authorized_keys, host_account
@@ -31,6 +31,7 @@ from gpuresa.backends.udocker.host import check_host, login_output, session_acco
 from gpuresa.backends.udocker.images import UdockerImages, container_exists, make_container
 from gpuresa.backends.udocker.records import Record, Records, write_file
 from gpuresa.backends.udocker.run_command import start_container
+from gpuresa.backends.udocker.sockets import make_tool_folder, remove_tool_folder
 from gpuresa.config.capabilities import UDOCKER
 from gpuresa.config.sections import Config, HostConfig
 from gpuresa.gpus.devices import HostGpus, host_gpu_access
@@ -45,6 +46,7 @@ from gpuresa.sessions.limits import SessionLimits, local_totals, session_limits
 from gpuresa.sessions.logins import read_log, ssh_login_seen
 from gpuresa.sessions.records import EndRecords
 from gpuresa.sessions.specs import check_spec, new_spec
+from gpuresa.sessions.tool_access import show_tools
 
 log = logging.getLogger(__name__)
 
@@ -237,6 +239,11 @@ class UdockerBackend:
             except OSError as error:
                 raise SessionError(f"cannot give {files} to the login's group: {error}") from None
             write_file(folder / "authorized_keys", "")
+            # the browser tools: a folder of the login's for their sockets, their commands,
+            # and the token and login lines for the login alone
+            sockets = make_tool_folder(self.config, key, account.uid, account.gid)
+            owner = (account.uid, account.gid)
+            show_tools(self.config, self.files, spec, PurePosixPath(sockets), owner)
             host_key = self.records.host_key(key, account)
             config_file = folder / "sshd_config"
             write_file(config_file, launch.sshd_config(spec.user, folder, files, host_key))
@@ -321,6 +328,7 @@ class UdockerBackend:
         self.records.remove(key)
         self.files.remove(key)
         detach(self.config, key)
+        remove_tool_folder(self.config, key)
         self.ends.forget(key)
         if finish:
             log.info("%s: stopped; output kept in %s", key, record.output_dir)

@@ -19,6 +19,7 @@ from gpuresa.backends.udocker import launch, tools
 from gpuresa.backends.udocker.cgroups import SessionCgroup
 from gpuresa.backends.udocker.devices import driver_volumes
 from gpuresa.backends.udocker.records import Record
+from gpuresa.backends.udocker.sockets import host_tool_folder
 from gpuresa.config.sections import Config
 from gpuresa.gpus.access import GpuAccess
 from gpuresa.homes.store import enabled as homes_enabled
@@ -96,6 +97,9 @@ def start_container(
     """Start the session's container (`session_run`) as `account`, in its `cgroup`, with
     the GPUs `gpu` gives (device nodes, driver files under `root`); its output in `log_file`."""
     spec = record.spec
+    # the login's folder of the tools' sockets, at the same path as on the host, where the
+    # login's sshd forwards to them (`gpuresa.backends.tool_folders`)
+    sockets = str(host_tool_folder(config, spec.key))
     # the login's lasting home, where `_show_home` mounted it (see `homes.store`)
     home = view_path(config, spec.user, spec.key, by_login=True)
     homes = [(str(home), str(home_target(spec.user)), False)] if homes_enabled(config) else []
@@ -108,8 +112,8 @@ def start_container(
         record.container,
         files,
         record.output_dir,
-        volumes=[*driver_volumes(root, gpu.mounts), *homes],
+        volumes=[*driver_volumes(root, gpu.mounts), (sockets, sockets, False), *homes],
         devices=[device["PathOnHost"] for device in gpu.devices],
-        values=gpu.environment,
+        values={**gpu.environment, "GPURESA_TOOLS_DIR": sockets},
     )
     launch.spawn(cgroup, account, run.head + run.tail, run.environment, log_file)

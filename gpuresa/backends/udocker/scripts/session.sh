@@ -55,6 +55,24 @@ for name in $(awk 'BEGIN { for (name in ENVIRON) print name }' | sort); do
 done
 mv /etc/profile.d/gpuresa.sh.new /etc/profile.d/gpuresa.sh
 
+# the template's browser tools, in the background: each one's command is in the session's
+# folder (its arguments, NUL-ended); their sockets go in the login's folder that gpuresa
+# binds at the same path as on the host, where the login's sshd forwards to them
+if [ -n "${GPURESA_TOOLS_DIR:-}" ]; then
+    for command_file in /etc/gpuresa/session/tool-*.command; do
+        [ -f "$command_file" ] || continue
+        name=${command_file##*/tool-}
+        name=${name%.command}
+        echo "gpuresa: starting the tool $name"
+        (
+            cd /root
+            exec env GPURESA_TOOL_SOCKET="$GPURESA_TOOLS_DIR/$name.sock" \
+                GPURESA_TOOL_TOKEN_FILE=/etc/gpuresa/session/tool-token \
+                xargs -0 -a "$command_file" /bin/sh -c 'exec "$@"' gpuresa-tool
+        ) >>"/var/log/gpuresa/tool-$name.log" 2>&1 </dev/null &
+    done
+fi
+
 if [ "$#" -gt 0 ]; then
     echo "gpuresa: starting the template's command: $*"
     (cd /root && exec "$@") >>/var/log/gpuresa/command.log 2>&1 &
