@@ -102,9 +102,11 @@ class Site:
     def runtime(self) -> Runtime:
         return Runtime(self.config, self.client)
 
-    def spec(self, runtime: Runtime, user: str = "alice", **options: Any) -> SessionSpec:
+    def spec(
+        self, runtime: Runtime, user: str = "alice", template: str = "pytorch", **options: Any
+    ) -> SessionSpec:
         end = options.pop("end", datetime.now(UTC) + timedelta(hours=1))
-        return runtime.new_spec(user, "pytorch", end, **options)
+        return runtime.new_spec(user, template, end, **options)
 
 
 def make_site(

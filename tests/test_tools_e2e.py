@@ -1,7 +1,7 @@
 """The template's notebook on the engines (Docker, Podman): through `ssh -L` only, with its token.
 
-A pytorch session on the local base image (Debian's classic Notebook where no
-pip is at hand: what the template's build falls back to) is started from
+A tensorflow session on the local base image (Debian's classic Notebook where no
+pip is at hand: what that template's build falls back to) is started from
 nothing; its user forwards the notebook's socket with the line of the login
 message, and the notebook answers with the session's token within 5 s of the
 start, and refuses without it. Nothing listens on a TCP port for it, and its
@@ -24,11 +24,14 @@ from gpuresa.sessions.tools import SESSION_SOCKETS, daemon_secret, tool_token
 
 # how soon after a session's start its notebook must answer
 ANSWER_WITHIN = 5.0
+# the template whose build falls back to Debian's Notebook on an image without pip
+NOTEBOOK_TEMPLATE = "tensorflow"
 
 
 def test_the_notebook_answers_through_ssh_with_its_token_only(site: Site) -> None:
     runtime = site.runtime()
-    spec = site.spec(runtime)
+    runtime.ensure_image(NOTEBOOK_TEMPLATE, None)
+    spec = site.spec(runtime, template=NOTEBOOK_TEMPLATE)
     asked = time.monotonic()
     session = runtime.start(spec)
     started = time.monotonic()

@@ -155,9 +155,9 @@ def site_fixture(make: Callable[..., Site]) -> Site:
     return make()
 
 
-def spec_of(site: Site, backend: UdockerBackend, **options: Any) -> Any:
+def spec_of(site: Site, backend: UdockerBackend, template: str = "pytorch", **options: Any) -> Any:
     end = datetime.now(UTC) + timedelta(hours=1)
-    spec = backend.new_spec(site.login, "pytorch", end, **options)
+    spec = backend.new_spec(site.login, template, end, **options)
     backend.provision(spec.template, spec.cuda)
     return spec
 

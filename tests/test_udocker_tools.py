@@ -30,7 +30,8 @@ ANSWER_WITHIN = 5.0
 
 def test_the_notebook_answers_through_the_login_s_sshd_with_its_token_only(site: Site) -> None:
     backend = site.backend()
-    spec = spec_of(site, backend)
+    # the template whose build falls back to Debian's Notebook on an image without pip
+    spec = spec_of(site, backend, "tensorflow")
     asked = time.monotonic()
     backend.prepare(spec)
     prepared = time.monotonic()
