@@ -25,11 +25,11 @@ from pathlib import Path
 
 from gpuresa.config.reading import parse_config
 from gpuresa.config.sections import Config
-from gpuresa.homes.idmap import IdMaps
-from gpuresa.homes.store import attach, detach, image_path, reserve_view
+from gpuresa.homes.paths import image_path
+from gpuresa.homes.store import attach, detach, home_maps, reserve_view
 from gpuresa.model import IdRange
 
-MAPS = IdMaps.of_range(IdRange(100000, 100000, 65536))
+MAPS = home_maps(IdRange(100000, 100000, 65536))
 UID = 1000
 
 

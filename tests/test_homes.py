@@ -32,17 +32,8 @@ from test_runtime import (  # noqa: F401  (the fixtures this module's tests take
 )
 
 from gpuresa.config.reading import parse_config
-from gpuresa.homes.idmap import IdMaps
-from gpuresa.homes.store import (
-    attach,
-    home_root,
-    homes_area,
-    image_path,
-    mounted_path,
-    reserve_view,
-    view_path,
-    views,
-)
+from gpuresa.homes.paths import home_root, homes_area, image_path, mounted_path, view_path
+from gpuresa.homes.store import attach, home_maps, reserve_view, views
 from gpuresa.model import IdRange
 from gpuresa.sessions.errors import SessionError
 from gpuresa.sessions.labels import safe_key
@@ -251,11 +242,11 @@ def test_a_home_mounted_elsewhere_is_not_mounted_twice(tmp_path: Path) -> None:
          "daemon": {"state_dir": str(tmp_path / "state")}},
         "test.toml",
     )  # fmt: skip
-    maps = IdMaps.of_range(IdRange(100000, 100000, 65536))
+    maps = home_maps(IdRange(100000, 100000, 65536))
     view = reserve_view(config, "alice", "k1")
     assert view is not None
     attach(config, "alice", "k1", 1000, maps, view)
-    assert image_path(config, "alice").parent == home_root(config) == tmp_path / "homes"
+    assert image_path(config, "alice").parent.parent == home_root(config) == tmp_path / "homes"
     subprocess.run(["umount", str(view_path(config, "alice", "k1"))], check=True)
     subprocess.run(["umount", str(mounted_path(config, "alice"))], check=True)
     held = subprocess.run(
@@ -282,7 +273,7 @@ def test_host_release_lets_go_of_homes_and_views_no_session_needs(tmp_path: Path
          "daemon": {"state_dir": str(tmp_path / "state")}},
         "test.toml",
     )  # fmt: skip
-    maps = IdMaps.of_range(IdRange(100000, 100000, 65536))
+    maps = home_maps(IdRange(100000, 100000, 65536))
     for key in ("k1", "k2"):
         view = reserve_view(config, "alice", key)
         assert view is not None

@@ -15,7 +15,7 @@ import pytest
 
 from gpuresa.config.reading import parse_config
 from gpuresa.config.sections import Config
-from gpuresa.homes import store
+from gpuresa.homes import paths
 from gpuresa.homes.retention import removal_of, review
 
 LAST_USE = datetime(2026, 1, 1, tzinfo=UTC)
@@ -43,7 +43,7 @@ class Mailbox:
 
 
 def home_used(config: Config, login: str, when: datetime) -> Path:
-    image = store.image_path(config, login)
+    image = paths.image_path(config, login)
     image.parent.mkdir(parents=True, exist_ok=True)
     image.write_bytes(b"")
     os.utime(image, (when.timestamp(), when.timestamp()))
@@ -121,7 +121,7 @@ def test_a_home_in_use_or_used_again_is_kept_and_noticed_again_later(tmp_path: P
     review(config, LAST_USE + timedelta(days=24), mailbox)
     assert len(mailbox.sent) == 1
     # a session of alice runs: her home has a view; nothing happens to it
-    view = store.view_path(config, "alice", "k1")
+    view = paths.view_path(config, "alice", "k1")
     view.mkdir(parents=True)
     review(config, LAST_USE + timedelta(days=90), mailbox)
     assert image.exists() and len(mailbox.sent) == 1
@@ -137,7 +137,7 @@ def test_a_home_in_use_or_used_again_is_kept_and_noticed_again_later(tmp_path: P
 
 def test_files_that_are_not_a_logins_home_are_left_alone(tmp_path: Path) -> None:
     config = config_at(tmp_path, home_retention="1d", home_removal_notice="0s")
-    stranger = store.home_root(config) / "not a login!.img"
+    stranger = paths.images_folder(config) / "not a login!.img"
     stranger.parent.mkdir(parents=True)
     stranger.write_bytes(b"")
     os.utime(stranger, (LAST_USE.timestamp(), LAST_USE.timestamp()))
@@ -162,7 +162,7 @@ def test_homes_list_shows_each_home_its_use_and_its_removal(
     alice.write_bytes(b"x" * 8192)
     os.utime(alice, (LAST_USE.timestamp(), LAST_USE.timestamp()))
     home_used(config, "bob", LAST_USE)
-    store.view_path(config, "bob", "k1").mkdir(parents=True)
+    paths.view_path(config, "bob", "k1").mkdir(parents=True)
     assert main(["homes", "list", "--config", str(config_file), "--json"]) == 0
     listed = {home["login"]: home for home in json.loads(capsys.readouterr().out)}
     assert listed["alice"]["removal"] == (LAST_USE + timedelta(days=30)).isoformat()

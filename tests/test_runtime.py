@@ -49,7 +49,7 @@ from gpuresa.backends.engines.namespaces import require_user_namespaces
 from gpuresa.cli import main
 from gpuresa.config.reading import parse_config
 from gpuresa.config.sections import Config
-from gpuresa.homes.store import view_path
+from gpuresa.homes.paths import view_path
 from gpuresa.model import Session, SessionSpec
 from gpuresa.outputs.folder import remap_base
 from gpuresa.outputs.running_area import running_path

@@ -23,7 +23,8 @@ from test_udocker import (  # noqa: F401  (the fixtures this module's tests take
     spec_of,
 )
 
-from gpuresa.homes.store import home_root, image_path, mounted_path, view_path, views
+from gpuresa.homes.paths import home_root, image_path, mounted_path, view_path
+from gpuresa.homes.store import views
 
 pytestmark = pytest.mark.services
 GRACE = timedelta(seconds=1)
@@ -58,6 +59,9 @@ def test_a_udocker_users_home_lasts_and_is_theirs_alone(
         view = view_path(site.config, site.login, first.key, by_login=True)
         assert os.path.ismount(view)
         assert (view / ".local" / "bin" / "tool").stat().st_uid == account
+        # the home itself is its user's alone: the login's group enters the folder of views,
+        # not the home (a group shared with others would otherwise read it)
+        assert view.stat().st_mode & 0o777 == 0o700
         assert "Permission denied" in as_user(stranger, "ls", str(view))
         # the login enters its folder of views but cannot put a link there, where the next
         # session's view would be mounted (over /etc, say) by root

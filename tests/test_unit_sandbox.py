@@ -34,7 +34,7 @@ from unit_sandbox import Restrictions
 from gpuresa.backends.engines import Runtime
 from gpuresa.config.reading import load_config
 from gpuresa.config.sections import Config
-from gpuresa.homes.store import image_path
+from gpuresa.homes.paths import image_path
 from gpuresa.journal.store import Journal
 from gpuresa.outputs.running_area import RUNNING_FOLDER, area, running_path
 

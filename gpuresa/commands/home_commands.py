@@ -8,7 +8,7 @@ import json
 from gpuresa.commands.output_commands import human_size
 from gpuresa.config.reading import load_config
 from gpuresa.homes.listing import homes
-from gpuresa.homes.store import enabled, home_root
+from gpuresa.homes.paths import enabled, home_root
 from gpuresa.inert import echo
 from gpuresa.mail.wording import format_time
 

@@ -1,7 +1,8 @@
 """An idmapped bind mount: a folder shown elsewhere with its file owners shifted.
 
-A user's home keeps its owners as the session sees them (its login's uid,
-root as 0): on Docker every session's ids are the engine's one remapped range,
+A user's home keeps its owners as the session sees them, shifted to a base of
+its own on disk (`paths.DISK_ID_BASE`): on Docker every session's ids are the
+engine's one remapped range,
 on Podman each session has a range of its own, chosen when its main container
 is made. Rather than rewriting every owner in the home at each start (a conda
 environment holds a hundred thousand files), each session gets a view of the
@@ -76,14 +77,16 @@ class IdMaps:
     gids: tuple[tuple[int, int, int], ...]
 
     @classmethod
-    def of_range(cls, ids: IdRange) -> IdMaps:
-        """Ids 0..count-1 shown as a session's host range (Docker, Podman)."""
-        return cls(((0, ids.uid, ids.count),), ((0, ids.gid, ids.count),))
+    def of_range(cls, ids: IdRange, base: int) -> IdMaps:
+        """The home's ids `base`.. (a session's 0.. on disk) shown as a session's host range
+        (Docker, Podman)."""
+        return cls(((base, ids.uid, ids.count),), ((base, ids.gid, ids.count),))
 
     @classmethod
-    def of_login(cls, inside: int, host_uid: int, host_gid: int) -> IdMaps:
-        """The login's own id shown as its host account's (udocker: no namespace of its own)."""
-        return cls(((inside, host_uid, 1),), ((inside, host_gid, 1),))
+    def of_login(cls, inside: int, host_uid: int, host_gid: int, base: int) -> IdMaps:
+        """The login's own id on disk (`base + inside`) shown as its host account's
+        (udocker: no namespace of its own)."""
+        return cls(((base + inside, host_uid, 1),), ((base + inside, host_gid, 1),))
 
 
 def _text(lines: tuple[tuple[int, int, int], ...]) -> str:

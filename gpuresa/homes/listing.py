@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 from gpuresa.access import AccessError, check_login
 from gpuresa.config.sections import Config
-from gpuresa.homes import retention, store
+from gpuresa.homes import paths, retention, store
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class Home:
 
 def homes(config: Config) -> list[Home]:
     """Every home in `home_root`, by login."""
-    root = store.home_root(config)
+    root = paths.images_folder(config)
     found: list[Home] = []
     in_use: dict[str, int] = {}
     for login, _, _ in store.views(config):
@@ -49,8 +49,8 @@ def homes(config: Config) -> list[Home]:
                 details = image.stat()
             except (AccessError, OSError):
                 continue
-            last_use = datetime.fromtimestamp(details.st_mtime, UTC)
-            noticed = retention.noticed(image, last_use)
+            last_ns, last_use = retention.last_use_of(image)
+            noticed = retention.noticed(image, last_ns)
             sessions = in_use.get(image.stem, 0)
             removal = None if sessions else retention.removal_of(last_use, noticed, config)
             used = details.st_blocks * 512

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from gpuresa.access import AccessError, check_login
 from gpuresa.config.sections import Config
-from gpuresa.homes import store
+from gpuresa.homes import paths, store
 from gpuresa.mail.notices import SUBJECT_PREFIX
 from gpuresa.mail.wording import format_remaining, format_time
 
@@ -69,17 +69,24 @@ def _notice_path(image: Path) -> Path:
     return image.with_suffix(".notice")
 
 
-def noticed(image: Path, last_use: datetime) -> datetime | None:
-    """When the notice for this last use went out, or None."""
+def last_use_of(image: Path) -> tuple[int, datetime]:
+    """`image`'s last use: its modification time in nanoseconds (what is compared, whole)
+    and as a time."""
+    nanoseconds = image.stat().st_mtime_ns
+    return nanoseconds, datetime.fromtimestamp(nanoseconds / 1e9, UTC)
+
+
+def noticed(image: Path, last_use_ns: int) -> datetime | None:
+    """When the notice for this last use (in nanoseconds) went out, or None."""
     with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
         record = json.loads(_notice_path(image).read_text())
-        if float(record["for"]) == last_use.timestamp():
+        if int(record["for_ns"]) == last_use_ns:
             return datetime.fromtimestamp(float(record["sent"]), UTC)
     return None
 
 
-def _remember_notice(image: Path, last_use: datetime, now: datetime) -> None:
-    text = json.dumps({"for": last_use.timestamp(), "sent": now.timestamp()})
+def _remember_notice(image: Path, last_use_ns: int, now: datetime) -> None:
+    text = json.dumps({"for_ns": last_use_ns, "sent": now.timestamp()})
     path = _notice_path(image)
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(descriptor, "w") as handle:
@@ -88,9 +95,9 @@ def _remember_notice(image: Path, last_use: datetime, now: datetime) -> None:
 
 def review(config: Config, now: datetime, to_user: ToUser) -> str:
     """One round: notices due, removals due; a line for the log. Raises `OSError`."""
-    if not store.enabled(config) or config.storage.home_retention == "forever":
+    if not paths.enabled(config) or config.storage.home_retention == "forever":
         return "homes kept"
-    root = store.home_root(config)
+    root = paths.images_folder(config)
     if not root.is_dir():
         return "no home yet"
     told = removed = 0
@@ -103,8 +110,8 @@ def review(config: Config, now: datetime, to_user: ToUser) -> str:
             continue  # not one of gpuresa's names
         if login in in_use:
             continue
-        last_use = datetime.fromtimestamp(image.stat().st_mtime, UTC)
-        sent = noticed(image, last_use)
+        last_ns, last_use = last_use_of(image)
+        sent = noticed(image, last_ns)
         removal = removal_of(last_use, sent, config)
         assert removal is not None
         notice = config.storage.home_removal_notice
@@ -114,22 +121,22 @@ def review(config: Config, now: datetime, to_user: ToUser) -> str:
                 message = removal_message(config, login, last_use, max(removal, now + notice))
                 to_user(f"home-{login}", f"home-removal-{last_use:%Y%m%dT%H%M%S}", login, None,
                         message)  # fmt: skip
-                _remember_notice(image, last_use, now)
+                _remember_notice(image, last_ns, now)
                 told += 1
             continue
-        if now >= removal and _remove(config, login, image, last_use):
+        if now >= removal and _remove(config, login, image, last_ns):
             removed += 1
     return f"{told} home removal notice(s), {removed} home(s) removed"
 
 
-def _remove(config: Config, login: str, image: Path, last_use: datetime) -> bool:
+def _remove(config: Config, login: str, image: Path, last_use_ns: int) -> bool:
     """Remove `login`'s home unless a session took it meanwhile (checked under the lock)."""
     with store.locked(config):
         if any(name == login for name, _, _ in store.views(config)):
             return False
-        if image.stat().st_mtime != last_use.timestamp():
+        if image.stat().st_mtime_ns != last_use_ns:
             return False  # used since
         image.unlink()
         _notice_path(image).unlink(missing_ok=True)
-    log.info("%s's home %s removed: unused since %s", login, image, last_use.isoformat())
+    log.info("%s's home %s removed: unused since %d ns", login, image, last_use_ns)
     return True

@@ -16,7 +16,7 @@ from typing import Any
 
 from gpuresa.config.sections import Config, HostConfig, LimitsConfig
 from gpuresa.gpus.access import GpuAccess
-from gpuresa.homes.store import home_target
+from gpuresa.homes.paths import home_target
 from gpuresa.model import SessionSpec
 from gpuresa.sessions.labels import (
     FTP_ROLE,

@@ -31,7 +31,7 @@ from typing import Literal
 
 from gpuresa.backends.engines.layers import LAYERS_FOLDER
 from gpuresa.config.sections import Config
-from gpuresa.homes.store import MOUNTED_FOLDER, VIEWS_FOLDER, homes_area
+from gpuresa.homes.paths import MOUNTED_FOLDER, VIEWS_FOLDER, homes_area
 from gpuresa.outputs.running_area import (
     area,
     mount_points,

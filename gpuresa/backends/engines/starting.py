@@ -16,7 +16,6 @@ from concurrent.futures import ThreadPoolExecutor
 from gpuresa.access import AccessError, authorized_keys, container_uid, ftp_credentials
 from gpuresa.backends.engines.create_payloads import MainContainer, ftp_payload, main_payload
 from gpuresa.backends.engines.engine import dumps
-from gpuresa.backends.engines.engines import SESSION_ID_COUNT
 from gpuresa.backends.engines.firewall import guard_network
 from gpuresa.backends.engines.forwarding import remove_stale_forwarding
 from gpuresa.backends.engines.host_sessions import HostSessions
@@ -25,9 +24,8 @@ from gpuresa.backends.engines.lookup import Found, container_name, status
 from gpuresa.backends.engines.readiness import log_tails, wait_ready
 from gpuresa.backends.engines.sidecar import revive_sidecar
 from gpuresa.gpus.devices import host_gpu_access
-from gpuresa.homes.idmap import IdMaps
-from gpuresa.homes.store import attach, reserve_view, show_home
-from gpuresa.model import IdRange, Session, SessionSpec
+from gpuresa.homes.store import attach, home_maps, reserve_view, show_home
+from gpuresa.model import Session, SessionSpec
 from gpuresa.outputs.capped import cap_output
 from gpuresa.outputs.credentials import HostCredentials
 from gpuresa.outputs.disk import start_refusal
@@ -175,8 +173,10 @@ def prepare_session(
         base_uid, base_gid = (ids.uid, ids.gid) if ids else (0, 0)
         prepare_output(running, base_uid + uid, base_gid + uid, key)
         if home is not None:
-            ids_seen = ids or IdRange(0, 0, SESSION_ID_COUNT)
-            attach(sessions.config, spec.user, key, uid, IdMaps.of_range(ids_seen), home)
+            if ids is None:
+                # a home is shown only through the session's own ids, never as host ids
+                raise SessionError(f"session {key}: its ids are not known: no home is shown")
+            attach(sessions.config, spec.user, key, uid, home_maps(ids), home)
         # the FTP password, for the login alone to read in the session
         sessions.files.show_secret(
             key, FTP_PASSWORD_FILE, credentials.password + "\n", base_uid + uid, base_gid + uid
@@ -232,8 +232,10 @@ def prepare_session(
 
 def _show_home(sessions: HostSessions, session: Session) -> None:
     """Mount `session`'s view of its user's home again where it is not (see `homes.store`)."""
-    ids = session.id_range or IdRange(0, 0, SESSION_ID_COUNT)
-    show_home(sessions.config, session.user, session.key, lambda _: IdMaps.of_range(ids))
+    ids = session.id_range
+    if ids is None:
+        raise SessionError(f"session {session.key}: its ids are not known: no home is shown")
+    show_home(sessions.config, session.user, session.key, lambda _: home_maps(ids))
 
 
 def published_ports(spec: SessionSpec) -> list[int]:

@@ -29,7 +29,8 @@ from gpuresa.backends.udocker import tools
 from gpuresa.backends.udocker.images import UdockerImages, container_exists, make_container
 from gpuresa.backends.udocker.run_command import session_run
 from gpuresa.config.sections import Config
-from gpuresa.homes.store import folder_home, home_target
+from gpuresa.homes.folders import folder_home
+from gpuresa.homes.paths import home_target
 from gpuresa.sessions.errors import SessionError
 
 log = logging.getLogger(__name__)

@@ -36,6 +36,7 @@ from gpuresa.config.capabilities import UDOCKER
 from gpuresa.config.sections import Config, HostConfig
 from gpuresa.gpus.devices import HostGpus, host_gpu_access
 from gpuresa.homes.idmap import IdMaps
+from gpuresa.homes.paths import DISK_ID_BASE
 from gpuresa.homes.store import detach, release_unused, show_home
 from gpuresa.model import Session, SessionSpec
 from gpuresa.outputs.disk import start_refusal
@@ -282,7 +283,11 @@ class UdockerBackend:
         home's ids shown as their host account's (see `homes.store`)."""
         ids = (account.uid, account.gid)
         show_home(
-            self.config, spec.user, spec.key, lambda inside: IdMaps.of_login(inside, *ids), ids
+            self.config,
+            spec.user,
+            spec.key,
+            lambda inside: IdMaps.of_login(inside, *ids, DISK_ID_BASE),
+            ids,
         )
 
     def _listen(self, record: Record, deadline: float, bound: socket.socket | None = None) -> None:

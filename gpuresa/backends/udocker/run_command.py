@@ -22,8 +22,8 @@ from gpuresa.backends.udocker.records import Record
 from gpuresa.backends.udocker.sockets import host_tool_folder
 from gpuresa.config.sections import Config
 from gpuresa.gpus.access import GpuAccess
-from gpuresa.homes.store import enabled as homes_enabled
-from gpuresa.homes.store import home_target, view_path
+from gpuresa.homes.paths import enabled as homes_enabled
+from gpuresa.homes.paths import home_target, view_path
 from gpuresa.sessions.labels import SESSION_FILES_TARGET
 from gpuresa.sessions.templates import resolve_template
 
