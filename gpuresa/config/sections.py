@@ -188,7 +188,7 @@ class StorageConfig:
     # unset: "homes" beside output_root, on the disk kept for users' data
     home_root: Path | None = None
     home_quota: Size | Literal["off"] = Field(
-        Size(50 << 30), check=lambda value: _at_least_size(value, 64 << 20)
+        Size(10 << 30), check=lambda value: _at_least_size(value, 64 << 20)
     )
     home_retention: timedelta | Literal["forever"] = Field(
         timedelta(days=180), expected='a duration such as "180d", or "forever"'
