@@ -204,7 +204,6 @@ class UdockerBackend:
     def _make(self, spec: SessionSpec, ready_timeout: float) -> Session:
         """Make the session from nothing (what is left of an earlier one is removed first)."""
         key = spec.key
-        deadline = time.monotonic() + max(ready_timeout, 30)
         self.check_spec(spec)
         self.check()
         account = self.account(spec)
@@ -251,6 +250,9 @@ class UdockerBackend:
             tools.ensure_repository(self.config, account)
             make_container(self.config, account, name, container, key)
             self._show_home(spec, account)
+            # the time to come up runs from here: loading and unpacking the image (a
+            # template of several GB takes minutes) have their commands' own limits
+            deadline = time.monotonic() + max(ready_timeout, 30)
             cgroup = self.cgroup(key)
             cgroup.create(self.limits(spec), self.config.limits.pids)
             cgroup.deny_devices(denied_devices(gpu.devices))
