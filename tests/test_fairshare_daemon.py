@@ -21,8 +21,9 @@ from test_daemon_cli import gpuresa, ics_event
 
 from gpuresa.backends.engines import Runtime
 from gpuresa.config.reading import load_config
+from gpuresa.errors import UserError
 from gpuresa.fairshare.periods import period_name, period_of
-from gpuresa.journal.store import Journal, JournalUnusable
+from gpuresa.journal.store import Journal
 
 
 def journal_state(config_file: Path, key: str) -> str | None:
@@ -32,7 +33,7 @@ def journal_state(config_file: Path, key: str) -> str | None:
         return None
     try:
         journal = Journal(path, read_only=True)
-    except JournalUnusable:
+    except UserError:
         return None  # made, not yet brought to its schema by the starting daemon
     with contextlib.closing(journal):
         return journal.states.get(key)
