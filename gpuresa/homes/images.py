@@ -11,9 +11,11 @@ nobody's, wherever the image were mounted.
   disk) only if it is a regular file of root's, mode 0600, with one link,
   and on no loop device yet (two mounts of one ext4 image would damage it).
 - Sparse images promise more than they take: a home is mounted only if the
-  disk keeps `[storage] free_refuse` free once every mounted home (and every
-  running output image on the same disk) has grown to its cap; otherwise
-  one user's full home would fail another's writes with I/O errors.
+  disk keeps `[storage] free_refuse` free once every mounted home has grown
+  to its cap; otherwise one user's full home would fail another's writes with
+  I/O errors. Running outputs are not counted: their "auto" cap is already
+  the session's share of the free disk, taken when it starts (so a home and
+  an output on one disk can still promise it twice).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from pathlib import Path
 
 from gpuresa.config.sections import Config
 from gpuresa.homes.paths import DISK_ID_BASE, image_path, mounted_path
-from gpuresa.outputs.capped import committed_bytes, run_tool
+from gpuresa.outputs.capped import run_tool
 from gpuresa.outputs.disk import free_bytes, gibibytes
 from gpuresa.outputs.running_area import unmount
 
@@ -115,15 +117,12 @@ def _room_problem(config: Config, image: Path) -> str | None:
         if other != image and os.path.ismount(mounted_path(config, other.stem)):
             with contextlib.suppress(OSError):
                 promised += _promised(other)
-    with contextlib.suppress(OSError):
-        if os.stat(config.storage.output_root).st_dev == os.stat(image.parent).st_dev:
-            promised += committed_bytes(config)
     if free - promised >= keep:
         return None
     return (
         f"the disk of {image.parent} has no room for this home to grow to its cap: "
         f"{gibibytes(free)} free of {gibibytes(total)}, {gibibytes(promised)} promised to "
-        "homes and outputs in use, "
+        "the homes in use, "
         f"storage.free_refuse ({config.storage.free_refuse}) kept free"
     )
 
