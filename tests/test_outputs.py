@@ -391,8 +391,9 @@ def test_a_full_output_disk_refuses_new_sessions_and_spares_running_ones(
             free_refuse=Share(0.25),
             # no cap: the session itself fills the disk here (caps: test_output_cap.py)
             session_quota="none",
-            # the homes on a disk of their own: a 10G home is never promised on this one
-            home_root=tmp_path / "homes",
+            # no lasting home: its own disk check would apply this test's free_refuse (25%)
+            # to the machine's disk, whose free space is not this test's to set
+            home_quota="off",
         ),
     )
     with_cap = dataclasses.replace(
