@@ -107,7 +107,10 @@ SERVICE_FIXTURES = frozenset(
 # image takes both cores). Matched on the test's id.
 SHARED = (
     ("slurm", ("test_slurm", "[slurm]")),
-    ("privileged-ports", ("test_host_certificates.py", "test_demo_walkthrough.py")),
+    (
+        "privileged-ports",
+        ("test_host_certificates.py", "test_host_certificate_ports.py", "test_demo_walkthrough.py"),
+    ),
     ("udocker", ("test_udocker", "[udocker]")),
     # the tests that kill the rootful Podman API service (and start it again as setup does)
     ("podman-service", ("test_forwarding.py::test_a_session_works_on_ports",)),
