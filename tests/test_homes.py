@@ -10,9 +10,7 @@ session leaves.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -21,6 +19,7 @@ import pytest
 from support.accounts import as_uid as as_user
 from support.accounts import throwaway_account
 from support.logins import run
+from test_homes_safety import DOCKER_RANGE, config_at, open_root  # noqa: F401  (a fixture)
 from test_runtime import (  # noqa: F401  (the fixtures this module's tests take)
     Site,
     built_fixture,
@@ -31,10 +30,8 @@ from test_runtime import (  # noqa: F401  (the fixtures this module's tests take
     ssh_login,
 )
 
-from gpuresa.config.reading import parse_config
 from gpuresa.homes.paths import home_root, homes_area, image_path, mounted_path, view_path
 from gpuresa.homes.store import attach, home_maps, reserve_view, views
-from gpuresa.model import IdRange
 from gpuresa.sessions.errors import SessionError
 from gpuresa.sessions.labels import safe_key
 
@@ -46,22 +43,6 @@ INSTALL_PACKAGE = (
     '&& echo \'WHEN = "installed-before"\' > "$site/lasting/__init__.py"'
 )
 IMPORT_PACKAGE = "python3 -c 'import lasting; print(lasting.WHEN)'"
-
-
-@pytest.fixture
-def open_root() -> Iterator[Path]:
-    """A folder every host account can traverse (pytest's own are root-only): where the
-    homes' protection must come from gpuresa, not from the test's folders."""
-    root = Path(tempfile.mkdtemp(prefix="gpuresa-homes-", dir="/var/tmp"))
-    root.chmod(0o755)
-    try:
-        yield root
-    finally:
-        for line in reversed(Path("/proc/self/mountinfo").read_text().splitlines()):
-            point = line.split()[4]
-            if point.startswith(str(root)):
-                subprocess.run(["umount", "-l", point], check=False)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
@@ -155,7 +136,7 @@ def test_two_sessions_of_a_user_share_the_home_and_another_users_session_has_non
 
 def test_a_host_account_reaches_no_home_and_a_set_uid_file_there_gives_nothing(
     docker_site: Site,  # noqa: F811  (the fixture imported above)
-    open_root: Path,
+    open_root: Path,  # noqa: F811  (the fixture imported above)
     host_user: int,
 ) -> None:
     site = make_site(open_root / "site", docker_site.client)
@@ -237,12 +218,8 @@ def test_the_view_of_a_session_gone_behind_gpuresas_back_is_released_by_the_clea
 
 def test_a_home_mounted_elsewhere_is_not_mounted_twice(tmp_path: Path) -> None:
     """Two loop devices on one image would damage it: another installation's mount refuses."""
-    config = parse_config(
-        {"storage": {"output_root": str(tmp_path / "output")},
-         "daemon": {"state_dir": str(tmp_path / "state")}},
-        "test.toml",
-    )  # fmt: skip
-    maps = home_maps(IdRange(100000, 100000, 65536))
+    config = config_at(tmp_path)
+    maps = home_maps(DOCKER_RANGE)
     view = reserve_view(config, "alice", "k1")
     assert view is not None
     attach(config, "alice", "k1", 1000, maps, view)
@@ -268,12 +245,8 @@ def test_a_home_mounted_elsewhere_is_not_mounted_twice(tmp_path: Path) -> None:
 def test_host_release_lets_go_of_homes_and_views_no_session_needs(tmp_path: Path) -> None:
     from gpuresa.backends.engines.host_holds import holdings, release
 
-    config = parse_config(
-        {"storage": {"output_root": str(tmp_path / "output")},
-         "daemon": {"state_dir": str(tmp_path / "state")}},
-        "test.toml",
-    )  # fmt: skip
-    maps = home_maps(IdRange(100000, 100000, 65536))
+    config = config_at(tmp_path)
+    maps = home_maps(DOCKER_RANGE)
     for key in ("k1", "k2"):
         view = reserve_view(config, "alice", key)
         assert view is not None
