@@ -53,6 +53,7 @@ class Site:
         gpu_mode: str = "none",
         gpus: Any = (),
         limits: dict[str, Any] | None = None,
+        spares: bool = False,
         **host: Any,
     ) -> None:
         self.root, self.login = root, login
@@ -91,6 +92,9 @@ class Site:
                     "inputs": [{"source": str(root / "input"), "target": "/data"}],
                 },
                 "limits": limits or {"shm_size": "256m", "pids": 256, "memory": "1g"},
+                # each test has a login of its own: a spare unpacked beside every test would
+                # never be used (test_udocker_spares.py and the end-to-end test make theirs)
+                "udocker": {"spare_containers": spares},
             },
             str(root / "config.toml"),
         )

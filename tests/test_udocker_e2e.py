@@ -30,6 +30,7 @@ from test_daemon_cli import ics_event
 
 from gpuresa.backends.factory import open_backend
 from gpuresa.backends.udocker import UdockerBackend
+from gpuresa.backends.udocker.spares import spares
 from gpuresa.config.reading import load_config
 from gpuresa.config.sections import Config
 
@@ -151,8 +152,11 @@ sender = "gpuresa@example.org"
             listed = subprocess.run(
                 ["ps", "-ww", "-o", "stat=,args=", "-U", login], capture_output=True, text=True
             ).stdout.splitlines()
+            # but the removal of the container's files and the login's spare being made
             running = [
-                line for line in listed if line.split()[0][0] != "Z" and " rm -f " not in line
+                line
+                for line in listed
+                if line.split()[0][0] != "Z" and " rm -f " not in line and "spare.py" not in line
             ]
             sessions = backend_of(config).list_sessions()
             return not running and not any(item.key == "ud-1" for item in sessions)
@@ -167,6 +171,10 @@ sender = "gpuresa@example.org"
         assert listed.returncode == 0, listed.stderr
         rows = json.loads(listed.stdout)
         assert any(row["user"] == login and row["key"] == "ud-1" for row in rows), rows
+        # on the defaults, the login's next session will start without unpacking its image
+        image = backend.images.archive("pytorch", None)
+        assert image is not None
+        wait_for(lambda: spares(config, login, image[1]), 240, "the login's spare container")
     except BaseException:
         print((folder / "daemon.log").read_text(errors="replace")[-15000:])
         raise

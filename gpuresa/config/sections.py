@@ -123,6 +123,9 @@ class UdockerConfig:
     )
     # image archives (docker/podman save, OCI) by "template" or "template:cuda"
     images: Mapping[str, Path] = Field(factory=dict)
+    # after a login's session comes up, unpack a spare container of its image for the
+    # login's next session, which then starts without unpacking (see backends.udocker.spares)
+    spare_containers: bool = True
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from pathlib import Path, PurePosixPath
 from signal import Signals
 
 from gpuresa.access import AccessError, Account, authorized_keys, host_account
-from gpuresa.backends.udocker import launch, listening, stopping, tools
+from gpuresa.backends.udocker import launch, listening, spares, stopping, tools
 from gpuresa.backends.udocker.cgroups import CGROUP_ROOT, SessionCgroup, remove_others
 from gpuresa.backends.udocker.devices import denied_devices
 from gpuresa.backends.udocker.host import check_host, login_output, session_account
@@ -248,7 +248,8 @@ class UdockerBackend:
             config_file = folder / "sshd_config"
             write_file(config_file, launch.sshd_config(spec.user, folder, files, host_key))
             tools.ensure_repository(self.config, account)
-            make_container(self.config, account, name, container, key)
+            if not spares.take(self.config, account, name, container, key):
+                make_container(self.config, account, name, container, key)
             self._show_home(spec, account)
             # the time to come up runs from here: loading and unpacking the image (a
             # template of several GB takes minutes) have their commands' own limits
@@ -278,6 +279,7 @@ class UdockerBackend:
             "%s: prepared for %s as uid %d (udocker, template %s, GPUs %s, ssh %d)",
             key, spec.user, account.uid, spec.template, list(spec.gpu_indices), spec.ssh_port,
         )  # fmt: skip
+        spares.make_later(self.config, account, name, key)
         return self._session(record, "created")
 
     def _show_home(self, spec: SessionSpec, account: Account) -> None:

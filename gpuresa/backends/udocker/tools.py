@@ -152,12 +152,14 @@ def image_loaded(config: Config, login: str, name: str) -> bool:
     return (repository(config, login) / "repos" / repo / tag).is_dir()
 
 
-def remove_detached(config: Config, account: Account, container: str, key: str) -> None:
-    """Start `udocker rm` of `container` as the user, detached; logs, never raises."""
-    command = ["setsid", "-f", *as_user(account, udocker_command(config, ["rm", "-f", container]))]
+def start_detached(
+    config: Config, account: Account, command: Sequence[str], key: str, what: str
+) -> None:
+    """Start `command` as the user, detached (its own session, nobody waits for it); logs
+    "`what` failed" and never raises when it cannot be started."""
     try:
         subprocess.run(
-            command,
+            ["setsid", "-f", *as_user(account, command)],
             env=environment(config, account),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -167,4 +169,10 @@ def remove_detached(config: Config, account: Account, container: str, key: str) 
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as error:
-        log.warning("%s: container %s not removed: %s", key, container, error)
+        log.warning("%s: %s failed: %s", key, what, error)
+
+
+def remove_detached(config: Config, account: Account, container: str, key: str) -> None:
+    """Start `udocker rm` of `container` as the user, detached; logs, never raises."""
+    command = udocker_command(config, ["rm", "-f", container])
+    start_detached(config, account, command, key, f"removing container {container}")
