@@ -12,7 +12,9 @@ import errno
 import json
 import os
 import shutil
+import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -31,7 +33,7 @@ from test_runtime import (  # noqa: F401  (the fixtures `built` and `site`)
     ssh_login,
 )
 
-from gpuresa.backends.engines import Runtime
+from gpuresa.backends.engines import Runtime, engines
 from gpuresa.backends.engines.engines import (
     PODMAN_AUTO_USER,
     SESSION_ID_COUNT,
@@ -191,6 +193,40 @@ def test_a_rootless_podman_is_refused(
         runtime.prepare(spec)
     assert leftovers(site, spec.key) == []
     assert list((site.root / "output").iterdir()) == []
+
+
+def test_a_rootful_podman_is_asked_again_once_its_minute_is_over(
+    tmp_path: Path, podman_harness: DockerHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    site = make_site(tmp_path / "p", podman_harness.client, engine="podman")
+    podman_engine = site.runtime().engine
+    subuid, subgid = tmp_path / "subuid", tmp_path / "subgid"
+    for path in (subuid, subgid):
+        path.write_text(f"{PODMAN_AUTO_USER}:2000000:4194304\n")
+    kind = Podman((subuid, subgid))
+    real, asked, rootless = podman_engine.libpod, [], [False]
+
+    def info(path: str, key: str | None = None) -> Any:
+        answer = real(path, key)
+        if path == "info":
+            asked.append(path)
+            answer["host"]["security"]["rootless"] = rootless[0]
+        return answer
+
+    monkeypatch.setattr(podman_engine, "libpod", info)
+    kind.check(podman_engine)
+    kind.check(podman_engine)
+    assert asked == ["info"]
+    # restarted rootless: trusted until its minute is over, refused at the next check after
+    rootless[0] = True
+    kind.check(podman_engine)
+    later = SimpleNamespace(monotonic=lambda: time.monotonic() + engines.ENGINE_CHECKED_FOR + 1)
+    monkeypatch.setattr(engines, "time", later)
+    with pytest.raises(SessionError, match="runs rootless"):
+        kind.check(podman_engine)
+    with pytest.raises(SessionError, match="runs rootless"):
+        kind.check(podman_engine)
+    assert asked == ["info"] * 3
 
 
 @pytest.mark.parametrize(

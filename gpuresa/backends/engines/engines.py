@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import resource
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,8 @@ PODMAN_SOCKET = "unix:///run/podman/podman.sock"
 SUBORDINATE_ID_FILES = (Path("/etc/subuid"), Path("/etc/subgid"))
 # the user whose subordinate ids Podman's `--userns=auto` hands out
 PODMAN_AUTO_USER = "containers"
+# how long a Podman service found rootful is trusted to stay so (see `Podman.check`)
+ENGINE_CHECKED_FOR = 60.0
 
 
 def is_podman(version: Mapping[str, Any]) -> bool:
@@ -178,19 +181,32 @@ class Podman(EngineKind):
         # a container's mapping never changes: read it once per container
         self._ranges: dict[str, IdRange | None] = {}
         self._lock = threading.Lock()
+        # until when (time.monotonic()) the service was last found rootful Podman
+        self._rootful_until = 0.0
 
     def check(self, engine: Engine) -> None:
-        if not is_podman(engine.version()):
-            raise SessionError(
-                'the engine at this host\'s socket is not Podman; set engine = "docker" in its '
-                "[[hosts]] entry, or engine_socket to Podman's socket"
-            )
-        info = engine.libpod("info")
-        if info.get("host", {}).get("security", {}).get("rootless", True):
-            raise SessionError(
-                "the Podman service runs rootless: it cannot give each session its own range "
-                "of host ids; run the rootful service (systemctl enable --now podman.socket)"
-            )
+        # Podman answers `version` in 0.7-1.6 s and `info` in 0.4 s (it runs its helpers to
+        # report their versions and sizes its store): half of a session's start when asked
+        # each time, so a service found right is trusted for ENGINE_CHECKED_FOR seconds;
+        # every main container's own range is checked as it is made (`created`) all the same
+        now = time.monotonic()
+        with self._lock:
+            fresh = now < self._rootful_until
+        if not fresh:
+            if not is_podman(engine.version()):
+                raise SessionError(
+                    'the engine at this host\'s socket is not Podman; set engine = "docker" in '
+                    "its [[hosts]] entry, or engine_socket to Podman's socket"
+                )
+            info = engine.libpod("info")
+            if info.get("host", {}).get("security", {}).get("rootless", True):
+                raise SessionError(
+                    "the Podman service runs rootless: it cannot give each session its own "
+                    "range of host ids; run the rootful service "
+                    "(systemctl enable --now podman.socket)"
+                )
+            with self._lock:
+                self._rootful_until = now + ENGINE_CHECKED_FOR
         for path in self.subordinate_files:
             try:
                 text = path.read_text(encoding="utf-8")

@@ -106,8 +106,9 @@ class HostSessions:
 
         Docker must run with userns-remap (see `require_user_namespaces`);
         Podman must be the rootful service with a `containers` id range (see
-        `engines`). Asked of the engine each time: one restarted without them
-        is refused at once.
+        `engines`). Asked of Docker each time, of Podman once a minute (its
+        answers take a second); each Podman main container is also checked for
+        a range of its own as it is made.
         """
         self.kind.check(self.engine)
 
