@@ -3,12 +3,15 @@
 Standalone (no gpuresa import: the users' interpreter has only udocker on its
 path). Before udocker hands its OCI spec to runc, the mounts named in
 $GPURESA_READONLY (a JSON list of container paths) are made read-only (udocker
-binds every volume read-write) and /dev/shm gets $GPURESA_SHM_SIZE; and a run
-without a terminal exits with its command's status (see `_exit_status`).
+binds every volume read-write) and /dev/shm gets $GPURESA_SHM_SIZE; a run
+without a terminal gives runc this process's own stdout and stderr and exits
+with its command's status (see `_run_without_terminal`); and the image's
+EXPOSE'd ports raise no complaint (see `_exposed_ports_unused`).
 """
 
 import json
 import os
+import subprocess
 import sys
 
 from udocker.engine.runc import RuncEngine
@@ -31,19 +34,34 @@ def _gpuresa_spec(self: RuncEngine) -> object:
     return _save_spec(self)
 
 
+def _run_without_terminal(self: RuncEngine, command: list[str]) -> int:
+    """runc's exit status, its output written whole to this process's stdout and stderr.
+
+    udocker 1.3.17 gives runc a pty, copies it out a byte at a time and stops copying as
+    soon as runc has exited: whatever was still unread is lost (most of any output longer
+    than a line; all but a byte or two of a short one when udocker is slow to be
+    scheduled), stderr is mixed into stdout, and it returns the runc process, so that
+    `udocker run` exits 1 whatever ran. Its spec says `terminal: false` here (stdout is no
+    tty), so runc hands its own stdio to the container's process: run runc on ours, which
+    the container writes to directly, with nothing left to copy or to lose."""
+    # what udocker itself printed comes before the container's output
+    sys.stdout.flush()
+    sys.stderr.flush()
+    status = subprocess.call(command, shell=False, close_fds=True)
+    self._filebind.finish()
+    return status
+
+
+def _exposed_ports_unused(self: RuncEngine) -> bool:
+    """No complaint about the image's EXPOSE'd ports (udocker's "this container exposes
+    privileged TCP/IP ports" on every run of an image that exposes 22): in runc mode the
+    container shares the host's network, and gpuresa's sessions listen on the ports gpuresa
+    gives them, never on the EXPOSE'd ones, which stay in the image's metadata."""
+    return True
+
+
 RuncEngine._save_spec = _gpuresa_spec
-_run_nopty = RuncEngine.run_nopty
-
-
-def _exit_status(self: RuncEngine, command: list[str]) -> int:
-    """udocker 1.3.17 returns the runc process itself without a terminal, so `udocker run`
-    exits 1 whatever ran: return its exit status instead."""
-    process = _run_nopty(self, command)
-    if process.returncode is None:
-        process.wait()
-    return int(process.returncode)
-
-
-RuncEngine.run_nopty = _exit_status
+RuncEngine.run_nopty = _run_without_terminal
+RuncEngine._check_exposed_ports = _exposed_ports_unused
 sys.argv[0] = "udocker"
 sys.exit(main())
