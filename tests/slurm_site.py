@@ -20,6 +20,7 @@ from typing import Any
 
 import paramiko
 import pytest
+from support.accounts import remove_account
 from test_runtime import free_block
 
 from gpuresa.backends.slurm import SlurmBackend
@@ -137,6 +138,5 @@ def slurm_site(root: Path, users: int = 2, container: str = "none") -> Iterator[
                                   text=True).stdout.strip() == "":  # fmt: skip
                     break
                 subprocess.run(["sleep", "0.5"], check=False)
-            subprocess.run(["pkill", "-KILL", "-u", login], check=False)
-            subprocess.run(["userdel", "-r", login], check=False, capture_output=True)
+            remove_account(login)
         shutil.rmtree(shared, ignore_errors=True)

@@ -23,6 +23,7 @@ import paramiko
 import pytest
 from conftest import _harness
 from slurm_site import SlurmSite, slurm_site
+from support.accounts import remove_account
 from support.waiting import wait_for
 from test_runtime import Site, built_fixture, make_site, run, ssh_login  # noqa: F401
 
@@ -135,8 +136,7 @@ def udocker_contract(docker_client: Any) -> Iterator[Contract]:
         for session in contract.make().list_sessions():
             contract.make().kill(session.key)
     finally:
-        subprocess.run(["pkill", "-KILL", "-U", login], check=False)
-        subprocess.run(["userdel", "--remove", login], check=False, capture_output=True)
+        remove_account(login)
         shutil.rmtree(root, ignore_errors=True)
 
 

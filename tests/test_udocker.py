@@ -24,6 +24,7 @@ from typing import Any
 import paramiko
 import pytest
 from conftest import BASE_IMAGE, TEST_HOST
+from support.accounts import kill_processes, remove_account
 from support.gpu_nodes import stand_in_gpu_nodes
 from support.logins import run, ssh_login
 from support.waiting import wait_for
@@ -131,8 +132,7 @@ def login_fixture() -> Iterator[str]:
     login = f"ud{uuid.uuid4().hex[:8]}"
     subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", login], check=True)
     yield login
-    subprocess.run(["pkill", "-KILL", "-U", login], check=False)
-    subprocess.run(["userdel", "--remove", login], check=False, capture_output=True)
+    remove_account(login)
 
 
 @pytest.fixture(name="make")
@@ -151,6 +151,9 @@ def make_fixture(login: str) -> Iterator[Callable[..., Site]]:
         backend = site.backend()
         for session in backend.list_sessions():
             backend.kill(session.key)
+    # the login's detached work (a spare's maker, a removal) would refill the folders
+    kill_processes(login)
+    for site in sites:
         shutil.rmtree(site.root, ignore_errors=True)
 
 

@@ -23,6 +23,7 @@ import paramiko
 import pytest
 from conftest import TEST_HOST, SMTPServer
 from daemon_stage import DaemonProcess, at
+from support.accounts import remove_account
 from support.configs import write_daemon_config
 from support.logins import try_login
 from support.waiting import wait_for
@@ -42,8 +43,7 @@ def login_fixture() -> Iterator[str]:
     login = f"ue{uuid.uuid4().hex[:8]}"
     subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", login], check=True)
     yield login
-    subprocess.run(["pkill", "-KILL", "-U", login], check=False)
-    subprocess.run(["userdel", "--remove", login], check=False, capture_output=True)
+    remove_account(login)
 
 
 @pytest.fixture(name="folder")
