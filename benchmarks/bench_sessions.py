@@ -297,6 +297,9 @@ def udocker_main(rounds: int) -> int:
     from gpuresa.backends.udocker import UdockerBackend
     from gpuresa.backends.udocker.spares import spares
 
+    sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
+    from support.accounts import remove_account
+
     host = f"bench-{uuid.uuid4().hex[:8]}"
     login = f"bu{uuid.uuid4().hex[:8]}"
     results: dict[str, list[float]] = {
@@ -359,8 +362,7 @@ def udocker_main(rounds: int) -> int:
         for session in backend.list_sessions():
             backend.kill(session.key)
     finally:
-        subprocess.run(["pkill", "-KILL", "-U", login], check=False)
-        subprocess.run(["userdel", "--remove", login], check=False, capture_output=True)
+        remove_account(login)  # its spare's maker first, which writes in `root`
         shutil.rmtree(root, ignore_errors=True)
     print(f"gpuresa session benchmark on udocker ({rounds} rounds each, base {BASE_IMAGE})")
     print(f"{'measure':<50} {'median':>8} {'min':>8} {'max':>8}")

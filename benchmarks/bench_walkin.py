@@ -1,9 +1,13 @@
 """A walk-in: from a booking that starts now appearing in a calendar to the first SSH login.
 
 For each source (an ICS folder, CalDAV on Radicale, GRR on `make setup`'s
-MariaDB), a daemon (`gpuresa run`, its own process) on Docker with the
-default config but for `--poll-interval`; `--runs` bookings, each written at
-a random moment of the poll's cycle, each timed until its user logs in.
+MariaDB), a daemon (`gpuresa run`, its own process) on `--engine` (Docker by
+default, Podman, or udocker as a host account the benchmark makes and
+removes) with the default config but for `--poll-interval`; `--runs`
+bookings, each written at a random moment of the poll's cycle, each timed
+until its user logs in. On udocker the login's first booking loads and
+unpacks the image; each later one is written once the login's spare
+container is there, as their next booking would find it.
 Then what one unchanged poll costs each source (time, requests or queries,
 bytes, CPU on the daemon's side and, for Radicale, on the server's). Prints
 two tables; removes the sessions, calendars and database it made.
@@ -16,6 +20,7 @@ import logging
 import os
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -28,10 +33,13 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
 from conftest import start_radicale
 from daemon_stage import DaemonProcess, wait_ssh_ready
 from grr_database import SOCKET, GRRDatabase
+from support.accounts import kill_processes, remove_account
 from support.configs import CalDav, write_daemon_config
 from test_daemon_cli import ics_event
 
-from gpuresa.backends.engines import Runtime
+from gpuresa.backends.factory import open_backend
+from gpuresa.backends.udocker.images import UdockerImages
+from gpuresa.backends.udocker.spares import spares
 from gpuresa.commands.host_commands import release_host
 from gpuresa.config.calendar_sections import DaemonConfig
 from gpuresa.config.reading import load_config
@@ -41,6 +49,13 @@ from gpuresa.reservations.sources import CalendarSource, open_source
 HOST = f"bench-walkin-{os.getpid()}"
 # A booking is a walk-in: it starts the second it is written, for half an hour.
 LENGTH = timedelta(minutes=30)
+ENGINE_LINES = {
+    "docker": "",
+    "podman": 'engine = "podman"',
+    "udocker": 'engine = "udocker"\ndriver_binaries = []',
+}
+# udocker runs each session as its login's own host account: one of the benchmark's own
+ENGINE_LOGIN = {"udocker": f"bw{os.getpid()}"}
 
 
 def main() -> None:
@@ -52,6 +67,7 @@ def main() -> None:
         help='the daemon\'s poll_interval, e.g. "30s" (default: the config default)',
     )
     parser.add_argument("--sources", default="ics,caldav,grr")
+    parser.add_argument("--engine", choices=("docker", "podman", "udocker"), default="docker")
     parser.add_argument("--polls", type=int, default=50, help="unchanged polls timed per source")
     arguments = parser.parse_args()
     # a login tried before sshd answers is expected here, not worth a traceback
@@ -60,16 +76,20 @@ def main() -> None:
     wanted = arguments.sources.split(",")
     rows: list[tuple[str, list[float | None]]] = []
     costs: list[tuple[str, dict[str, float]]] = []
+    login = ENGINE_LOGIN.get(arguments.engine, "alice")
+    if arguments.engine == "udocker":
+        subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", login], check=True)
     with tempfile.TemporaryDirectory() as temporary:
         directory = Path(temporary)
+        directory.chmod(0o755)  # a udocker login reaches its keys and session files here
         radicale = start_radicale(directory / "radicale")
         database: GRRDatabase | None = None
         try:
             database = GRRDatabase.create(directory)
             stages: dict[str, Callable[[Path], Booker]] = {
-                "ics": lambda folder: FolderBooker(folder),
-                "caldav": lambda folder: CalDAVBooker(folder, radicale),
-                "grr": lambda folder: GRRBooker(folder, database),
+                "ics": lambda folder: FolderBooker(folder, arguments.engine, login),
+                "caldav": lambda folder: CalDAVBooker(folder, arguments.engine, login, radicale),
+                "grr": lambda folder: GRRBooker(folder, arguments.engine, login, database),
             }
             for name in wanted:
                 booker = stages[name](directory / name)
@@ -79,7 +99,10 @@ def main() -> None:
             radicale.stop()
             if database is not None:
                 database.drop()
-    print(f"\nWalk-in: booking written -> first SSH login (Docker, poll_interval = {poll})")
+            if arguments.engine == "udocker":
+                remove_account(login)
+    engine = arguments.engine
+    print(f"\nWalk-in: booking written -> first SSH login ({engine}, poll_interval = {poll})")
     print(f"{'source':<8} {'runs (s)':<28} {'median':>7} {'max':>7}")
     for name, times in rows:
         shown = " ".join("-" if value is None else f"{value:.1f}" for value in times)
@@ -102,9 +125,10 @@ def main() -> None:
 class Booker:
     """A source's calendar: the config lines that name it, and how a booking is written."""
 
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
+    def __init__(self, directory: Path, engine: str, login: str) -> None:
+        self.directory, self.engine, self.login = directory, engine, login
         directory.mkdir(parents=True)
+        directory.chmod(0o755)
 
     def calendar(self) -> CalDav | None:
         return None
@@ -120,14 +144,14 @@ class Booker:
 class FolderBooker(Booker):
     def book(self, key: str, start: datetime) -> str:
         (self.directory / "calendar" / f"{key}.ics").write_text(
-            ics_event(key, start, start + LENGTH, "alice", "")
+            ics_event(key, start, start + LENGTH, self.login, "")
         )
         return key
 
 
 class CalDAVBooker(Booker):
-    def __init__(self, directory: Path, radicale: Any) -> None:
-        super().__init__(directory)
+    def __init__(self, directory: Path, engine: str, login: str, radicale: Any) -> None:
+        super().__init__(directory, engine, login)
         self.radicale = radicale
         self.collection = radicale.new_calendar()
 
@@ -135,16 +159,16 @@ class CalDAVBooker(Booker):
         return CalDav(str(self.collection.url), self.radicale.username, self.radicale.password_file)
 
     def book(self, key: str, start: datetime) -> str:
-        self.collection.save_event(ics_event(key, start, start + LENGTH, "alice", ""))
+        self.collection.save_event(ics_event(key, start, start + LENGTH, self.login, ""))
         return key
 
 
 class GRRBooker(Booker):
-    def __init__(self, directory: Path, database: GRRDatabase) -> None:
-        super().__init__(directory)
+    def __init__(self, directory: Path, engine: str, login: str, database: GRRDatabase) -> None:
+        super().__init__(directory, engine, login)
         self.database = database
         self.room = database.add_room(f"GPU {os.getpid()}", database.add_area("GPU"))
-        database.add_user("alice", "alice@example.org")
+        database.add_user(login, f"{login}@example.org")
 
     def replace_calendar(self, text: str) -> str:
         first, last = text.index("[[calendars]]"), text.index("[[hosts]]")
@@ -165,7 +189,7 @@ default_template = "pytorch"
         )
 
     def book(self, key: str, start: datetime) -> str:
-        entry = self.database.book(self.room, start, start + LENGTH, "alice", "")
+        entry = self.database.book(self.room, start, start + LENGTH, self.login, "")
         return f"grr:grr_:{entry}"
 
 
@@ -177,16 +201,21 @@ def write_config(booker: Booker, poll: str, sessions: int) -> Config:
         calendar=booker.calendar(),
         sessions=sessions,
         gpus=(),
+        users=(booker.login,),
+        host_lines=ENGINE_LINES[booker.engine],
         # the defaults, which write_daemon_config would otherwise shorten for tests
         daemon=f'poll_interval = "{poll}"\n'
         f'prepare_ahead = "{defaults.prepare_ahead.total_seconds():g}s"\n'
         f'stop_grace = "{defaults.stop_grace.total_seconds():g}s"',
     )
     file.write_text(booker.replace_calendar(file.read_text()))
+    for folder in ("keys", "calendar", "state"):
+        (booker.directory / folder).mkdir(exist_ok=True)
+        (booker.directory / folder).chmod(0o755)
     config = load_config(file)
-    runtime = Runtime(config)
-    runtime.ensure_image("pytorch", None)
-    runtime.ensure_ftp_image()
+    backend = open_backend(config)
+    backend.provision("pytorch", None)
+    backend.provision(None, None)  # the FTP sidecar's image, where the engine has one
     return config
 
 
@@ -202,14 +231,28 @@ def walk_ins(booker: Booker, poll: str, runs: int) -> list[float | None]:
         for run in range(runs):
             # a random moment of the poll's cycle
             time.sleep(random.uniform(0, interval))
+            if booker.engine == "udocker" and run:
+                spare_ready(config, booker.login)
             written = time.monotonic()
             key = booker.book(f"walk-in-{run}", datetime.now(UTC).replace(microsecond=0))
-            ready = wait_ssh_ready(config, key, written + 60)
-            times.append(None if ready is None else ready - written)
+            ready = wait_ssh_ready(config, key, written + 60, user=booker.login)
+            # until the login is done: a udocker session's port is bound (by root) before its
+            # container is up, so a login tried early waits there for it
+            times.append(None if ready is None else time.monotonic() - written)
     finally:
         daemon.terminate()
-        release_host(config, Runtime(config), everything=True)
+        release_host(config, open_backend(config), everything=True)
+        if booker.engine == "udocker":
+            kill_processes(booker.login)  # the spare's maker: the folder goes next
     return times
+
+
+def spare_ready(config: Config, login: str) -> None:
+    """Wait (10 minutes at most) until the login's spare container of pytorch is made."""
+    archive = UdockerImages(config).archive("pytorch", None)
+    deadline = time.monotonic() + 600
+    while archive and not spares(config, login, archive[1]) and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 def unchanged_poll_cost(booker: Booker, polls: int, radicale: Any) -> dict[str, float]:

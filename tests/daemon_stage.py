@@ -20,6 +20,7 @@ from support.logins import try_login
 from test_daemon_cli import ics_event
 
 from gpuresa.backends.engines import Runtime
+from gpuresa.backends.factory import open_backend
 from gpuresa.config.reading import load_config
 from gpuresa.config.sections import Config
 
@@ -113,7 +114,7 @@ def wait_ssh_ready(
     start but lets nobody in. Tries every 0.1 s from `not_before` on (each try
     costs a key exchange: polling early would load the machine being measured).
     """
-    runtime = Runtime(config)
+    runtime = open_backend(config)  # any engine's sessions, udocker's too
     key_file = Path(config.source).parent / "key" if config.source else None
     port = None
     while time.monotonic() < deadline:
