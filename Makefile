@@ -31,6 +31,8 @@ bench: setup
 	$(VENV)/python benchmarks/bench_sessions.py --engine udocker
 	$(VENV)/python benchmarks/bench_daemon.py
 	$(VENV)/python benchmarks/bench_walkin.py
+	$(VENV)/python benchmarks/bench_walkin.py --engine podman --sources ics --polls 5
+	$(VENV)/python benchmarks/bench_walkin.py --engine udocker --sources ics --polls 5
 	$(VENV)/python benchmarks/bench_outputs.py
 	$(VENV)/python benchmarks/bench_homes.py
 	$(VENV)/python benchmarks/bench_telemetry.py
