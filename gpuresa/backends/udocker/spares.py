@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 SPARE = "gpuresa-spare-"
 # a spare being made: renamed to its spare name only once it is whole
 MAKING = "gpuresa-making-"
+TRIES = 3
 
 
 def spare_prefix(image: str) -> str:
@@ -51,10 +52,11 @@ def spares(config: Config, login: str, image: str) -> list[str]:
 
 def take(config: Config, account: Account, image: str, name: str, key: str) -> bool:
     """Give a spare of `image` the name `name` in the login's repository; whether one was
-    there to take (another session may take it first: the next is tried)."""
+    there to take (another session may take it first: the next is tried, up to `TRIES`)."""
     if not config.udocker.spare_containers:
         return False
-    for spare in spares(config, account.login, image):
+    # a few tries at most: names the login made by hand cost a udocker run each
+    for spare in spares(config, account.login, image)[:TRIES]:
         try:
             tools.run_udocker(config, account, ["rename", spare, name], key, 30)
         except SessionError as error:
