@@ -1,9 +1,10 @@
 """Spare containers: a login's next session starts without unpacking its image.
 
-`udocker create` unpacks a template's image into a new container: 9-11 s for
-the stand-in pytorch image on a 2-core VM (a 233 MB layer, 12,100 files),
-minutes for a real template of several GB, and a session booked to start now
-waits for it. So once a login's session has come up, a spare container of the
+`udocker create` unpacks a template's image into a new container: for the
+stand-in pytorch image on a 2-core VM (a 233 MB layer, 12,100 files) 2.5 s on a
+quiet machine, 10-15 s while the last session's container is removed beside it
+(as after every session), minutes for a real template of several GB; a session
+booked to start now waits for it. So once a login's session has come up, a spare container of the
 same image is made for that login's next session, as the login, detached, at
 idle CPU and I/O priority (`scripts/spare.py`); the next session takes it with
 a rename (udocker's name link, well under a second) instead of unpacking.
