@@ -342,20 +342,21 @@ def udocker_main(rounds: int) -> int:
         backend.provision("pytorch", None)
         wanted = spec()
         results["first"].append(start_until_login(backend, wanted))
+        # each session's maker (in its cgroup) makes the next one's spare before it ends
+        spare_ready()
         backend.stop(wanted.key, timedelta(0))
         for _ in range(rounds):
-            spare_ready()
             wanted = spec()
             results["session"].append(start_until_login(backend, wanted))
+            spare_ready()
             results["stop"].append(timed(functools.partial(backend.stop, wanted.key, timedelta(0))))
 
-            spare_ready()
             wanted = spec()
             results["prepare"].append(timed(functools.partial(backend.prepare, wanted)))
             results["prepared"].append(start_until_login(backend, wanted))
+            spare_ready()  # no maker at work beside the start that unpacks
             backend.stop(wanted.key, timedelta(0))
 
-            spare_ready()  # no maker at work beside the start that unpacks
             wanted = spec()
             results["unpacking"].append(start_until_login(unpacking, wanted))
             unpacking.stop(wanted.key, timedelta(0))

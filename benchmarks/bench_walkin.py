@@ -232,7 +232,7 @@ def walk_ins(booker: Booker, poll: str, runs: int) -> list[float | None]:
             # a random moment of the poll's cycle
             time.sleep(random.uniform(0, interval))
             if booker.engine == "udocker" and run:
-                spare_ready(config, booker.login)
+                spare_ready(config, booker.login)  # made by the last walk-in's session
             written = time.monotonic()
             key = booker.book(f"walk-in-{run}", datetime.now(UTC).replace(microsecond=0))
             ready = wait_ssh_ready(config, key, written + 60, user=booker.login)

@@ -152,11 +152,9 @@ sender = "gpuresa@example.org"
             listed = subprocess.run(
                 ["ps", "-ww", "-o", "stat=,args=", "-U", login], capture_output=True, text=True
             ).stdout.splitlines()
-            # but the removal of the container's files and the login's spare being made
+            # but the removal of the container's files
             running = [
-                line
-                for line in listed
-                if line.split()[0][0] != "Z" and " rm -f " not in line and "spare.py" not in line
+                line for line in listed if line.split()[0][0] != "Z" and " rm -f " not in line
             ]
             sessions = backend_of(config).list_sessions()
             return not running and not any(item.key == "ud-1" for item in sessions)

@@ -11,6 +11,7 @@ import subprocess
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from support.waiting import wait_for
@@ -22,6 +23,7 @@ from test_udocker import (  # noqa: F401  (the fixtures this module's tests take
 )
 
 from gpuresa.backends.udocker import UdockerBackend, tools
+from gpuresa.backends.udocker import spares as spares_module
 from gpuresa.backends.udocker.spares import MAKING, spare_prefix, spares
 from gpuresa.backends.udocker.tools import repository
 
@@ -41,15 +43,15 @@ def container_folder(site: Site, name: str) -> Path:
     return (repository(site.config, site.login) / "containers" / name).resolve()
 
 
-def login_processes(login: str) -> list[tuple[int, str]]:
-    """The login's live processes: (nice value, command line)."""
+def login_processes(login: str) -> list[tuple[int, int, str]]:
+    """The login's live processes: (pid, nice value, command line)."""
     listed = subprocess.run(
-        ["ps", "-ww", "-o", "stat=,ni=,args=", "-U", login], capture_output=True, text=True
+        ["ps", "-ww", "-o", "pid=,stat=,ni=,args=", "-U", login], capture_output=True, text=True
     ).stdout.splitlines()
     return [
-        (int(line.split()[1]), line.split(None, 2)[2])
+        (int(line.split()[0]), int(line.split()[2]), line.split(None, 3)[3])
         for line in listed
-        if line.split()[0][0] != "Z"
+        if line.split()[1][0] != "Z"
     ]
 
 
@@ -62,13 +64,15 @@ def test_the_next_session_takes_the_spare_made_as_the_login_at_idle_priority(
                              text=True, check=True).stdout)  # fmt: skip
     first = backend.start(spec_of(site, backend))
     image = image_of(backend)
-    # the spare is made once the session is up, by the login, at the lowest priorities
-    wait_for(
-        lambda: [args for nice, args in login_processes(site.login)
-                 if args.split()[1:2] == [str(tools.SCRIPTS / "spare.py")] and nice == 19],
+    # the spare is made once the session is up, by the login, at the lowest priorities, in
+    # the session's cgroup (its limits; it ends with the session)
+    maker = wait_for(
+        lambda: [pid for pid, nice, args in login_processes(site.login)
+                 if args.split()[1:3] == ["-s", str(tools.SCRIPTS / "spare.py")] and nice == 19],
         10,
         "the login's spare maker at nice 19",
     )  # fmt: skip
+    assert set(maker) <= set(backend.cgroup(first.key).members())
     made = wait_for(lambda: spares(site.config, site.login, image), UNPACKING, "a spare")
     assert len(made) == 1 and made[0].startswith(spare_prefix(image))
     spare = container_folder(site, made[0])
@@ -89,7 +93,7 @@ def test_the_next_session_takes_the_spare_made_as_the_login_at_idle_priority(
     backend.stop(second.key, GRACE)
     # made whole, and nothing of the makers runs on
     wait_for(
-        lambda: not any("spare.py" in args for _, args in login_processes(site.login)),
+        lambda: not any("spare.py" in args for _, _, args in login_processes(site.login)),
         30,
         "the makers' end",
     )
@@ -106,11 +110,12 @@ def test_a_spare_the_login_broke_or_faked_is_passed_over(make: Callable[..., Sit
     containers = repository(site.config, site.login) / "containers"
     prefix = spare_prefix(image)
     # the login's own doing, in their repository: a name pointing nowhere, a folder that is
-    # no container, and a half-made container a killed maker left
+    # no container (one not even named as a spare), and a half-made container a killed
+    # maker left
     subprocess.run(
         ["runuser", "-u", site.login, "--", "sh", "-c",
-         f"mkdir -p {containers} && cd {containers} && ln -s no-such-container {prefix}dangling"
-         f" && mkdir {prefix}folder {MAKING}half"],
+         f"mkdir -p {containers} && cd {containers} && ln -s no-such-container {prefix}00000000"
+         f" && mkdir {prefix}11111111 {prefix}folder {MAKING}half"],
         check=True,
     )  # fmt: skip
     session = backend.start(spec)
@@ -133,3 +138,34 @@ def test_a_spare_the_login_broke_or_faked_is_passed_over(make: Callable[..., Sit
     assert len(made) == 1
     assert not (containers / f"{MAKING}half").exists()
     backend.stop(spec.key, GRACE)
+
+
+def test_the_maker_ends_with_its_session(make: Callable[..., Site]) -> None:
+    site = make(spares=True)
+    backend = site.backend()
+    session = backend.start(spec_of(site, backend))
+    wait_for(
+        lambda: [args for _, _, args in login_processes(site.login) if "spare.py" in args],
+        10,
+        "the login's spare maker",
+    )
+    backend.stop(session.key, GRACE)
+    # nothing of the login's runs after the end but the removal of the container's files:
+    # the maker was in the session's cgroup
+    wait_for(
+        lambda: not [a for _, _, a in login_processes(site.login) if " rm -f gpuresa-" not in a],
+        15,
+        "no process of the login",
+    )
+
+
+@pytest.mark.parametrize(
+    ("free", "needed", "room"),
+    [(50, 39, True), (50, 41, False), (10, 0, True), (9, 0, False)],
+)
+def test_a_spare_leaves_a_tenth_of_its_disk_free(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, free: int, needed: int, room: bool
+) -> None:
+    disk = SimpleNamespace(f_bavail=free, f_frsize=1, f_blocks=100)
+    monkeypatch.setattr(os, "statvfs", lambda _: disk)
+    assert spares_module.room_for(tmp_path, needed) is room

@@ -73,6 +73,8 @@ class UdockerSide:
             result = subprocess.run(
                 tools.as_user(self.account, tools.udocker_command(self.config, arguments)),
                 env=tools.environment(self.config, self.account),
+                # the login can change the container: never the admin's terminal as its input
+                stdin=subprocess.DEVNULL,
                 capture_output=True,
                 text=True,
                 errors="replace",

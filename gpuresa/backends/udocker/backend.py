@@ -279,7 +279,8 @@ class UdockerBackend:
             "%s: prepared for %s as uid %d (udocker, template %s, GPUs %s, ssh %d)",
             key, spec.user, account.uid, spec.template, list(spec.gpu_indices), spec.ssh_port,
         )  # fmt: skip
-        spares.make_later(self.config, account, name, key)
+        archive = self.images.archive(spec.template, spec.cuda)
+        spares.make_later(self.config, account, archive, cgroup, folder / "spare.log", key)
         return self._session(record, "created")
 
     def _show_home(self, spec: SessionSpec, account: Account) -> None:

@@ -222,7 +222,7 @@ class Records:
         tails = []
         for name in ("udocker.log", "sshd.log"):
             try:
-                text = (self.folder(key) / name).read_text(errors="replace").strip()
+                text = _end_of(self.folder(key) / name).strip()
             except OSError:
                 continue
             if text:
@@ -244,3 +244,14 @@ def write_file(path: Path, text: str, mode: int = 0o644) -> None:
     finally:
         os.close(descriptor)
     os.replace(temporary, path)
+
+
+def _end_of(path: Path, size: int = 65536) -> str:
+    """The last `size` bytes of the log at `path` (the session writes there: it can be
+    huge), never through a link."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(descriptor, "rb") as log_file:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            return ""
+        log_file.seek(max(0, os.fstat(descriptor).st_size - size))
+        return log_file.read(size).decode(errors="replace")

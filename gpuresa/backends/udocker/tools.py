@@ -99,8 +99,9 @@ def as_user(account: Account, command: Sequence[str]) -> list[str]:
 
 
 def udocker_command(config: Config, arguments: Sequence[str]) -> list[str]:
-    """The command line of `udocker ARGUMENTS` through gpuresa's launcher."""
-    return [str(config.udocker.python), str(SCRIPTS / "launcher.py"), *arguments]
+    """The command line of `udocker ARGUMENTS` through gpuresa's launcher: `-s`, so that no
+    `.pth` file the user put in their own site-packages runs in what gpuresa starts."""
+    return [str(config.udocker.python), "-s", str(SCRIPTS / "launcher.py"), *arguments]
 
 
 def run_udocker(

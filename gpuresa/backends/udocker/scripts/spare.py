@@ -1,4 +1,5 @@
-"""Make a login's spare container of an image: run as the login, detached, by gpuresa.
+"""Make a login's spare container of an image: run by gpuresa as the login, in a session's
+cgroup.
 
 Standalone, like launcher.py (the users' interpreter has only udocker on its
 path). Arguments: the image (repository:tag) and the spare's name prefix. One
@@ -20,7 +21,7 @@ MAKING = "gpuresa-making-"
 def udocker(*arguments: str) -> bool:
     """Run `udocker ARGUMENTS`; whether it succeeded."""
     result = subprocess.run(
-        [sys.executable, LAUNCHER, *arguments],
+        [sys.executable, "-s", LAUNCHER, *arguments],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
