@@ -7,6 +7,7 @@ host account, real udocker and runc (see test_udocker).
 
 from __future__ import annotations
 
+import os
 import subprocess
 import uuid
 
@@ -56,3 +57,29 @@ def test_a_run_without_a_terminal_gives_the_whole_output_apart_and_the_status(
     )
     # nothing of the container's in udocker's stderr, nor a word about the image's EXPOSE 22
     assert result.stderr == "to stderr\n"
+
+
+def test_a_path_file_in_the_users_own_site_packages_runs_in_nothing_gpuresa_starts(
+    site: Site,
+) -> None:
+    """udocker runs as the login with the site's python3: a `.pth` file in their user
+    site-packages would run in every such process (a spare's maker, a removal) and take
+    it over. gpuresa's command line says `-s`."""
+    account = host_account(site.login)
+    assert account is not None
+    python = str(site.config.udocker.python)
+    version = "import sys; print(*sys.version_info[:2], sep='.')"
+    number = subprocess.run([python, "-c", version], capture_output=True, text=True)
+    site_packages = account.home / ".local" / "lib" / f"python{number.stdout.strip()}"
+    marker = account.home / "taken-over"
+    as_login = ["runuser", "-u", site.login, "--"]
+    subprocess.run([*as_login, "mkdir", "-p", str(site_packages / "site-packages")], check=True)
+    path_file = site_packages / "site-packages" / "evil.pth"
+    path_file.write_text(f"import os; open({str(marker)!r}, 'w')\n")
+    os.chown(path_file, account.uid, account.gid)
+    # the file works for the login's own python3 (the test's control)
+    subprocess.run([*as_login, python, "-c", ""], check=True)
+    assert marker.exists()
+    marker.unlink()
+    tools.run_udocker(site.config, account, ["images"], "launcher")
+    assert not marker.exists()
