@@ -384,6 +384,14 @@ def test_a_hanging_database_keeps_the_snapshot_and_delays_no_other_calendar(
     assert after.freshness["grr"].last_error is None
 
 
+def test_a_deadline_is_over_when_its_time_is_even_if_its_timer_has_not_run_yet() -> None:
+    """A socket timeout set to the time left can fire before the deadline's timer thread is
+    scheduled (a loaded machine): the poll must still say the deadline passed."""
+    over = grr_connection.Deadline(0)
+    assert over.passed() and not over.expired
+    assert not grr_connection.Deadline(60).passed()
+
+
 def test_a_refused_password_is_an_outage_with_its_reason(
     grr_database: GRRDatabase, lab: dict[str, int], tmp_path: Path
 ) -> None:

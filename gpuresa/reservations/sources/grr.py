@@ -120,7 +120,7 @@ class GRRSource:
             log.debug("calendar %s: poll failed", self.name, exc_info=True)
             why = (
                 f"no answer within {deadline.seconds:g}s (connection and queries together)"
-                if deadline.expired
+                if deadline.passed()
                 else one_line(error)
             )
             raise SourceError(

@@ -35,6 +35,10 @@ if TYPE_CHECKING:
 POLL_DEADLINE = 10.0
 
 
+# how much earlier than asked a socket timeout may fire (its poll() counts milliseconds)
+TIMEOUT_GRANULARITY = 0.01
+
+
 class Deadline:
     """One poll's deadline: past it, the watched socket is shut down (see the module)."""
 
@@ -51,6 +55,11 @@ class Deadline:
     def remaining(self) -> float:
         """Seconds left (a little above 0 once past: socket timeouts must be positive)."""
         return max(0.001, self.end - time.monotonic())
+
+    def passed(self) -> bool:
+        """Whether the deadline is over: its timer fired, or a socket timeout set to the time
+        left did first (a loaded machine runs the timer's thread late)."""
+        return self.expired or time.monotonic() >= self.end - TIMEOUT_GRANULARITY
 
     def watch(self, connection_socket: socket.socket) -> None:
         """Shut `connection_socket` down at the deadline (at once if it has passed)."""
