@@ -133,9 +133,13 @@ class PathWatch:
             if notify.fileno() not in readable:
                 continue
             events = notify.read(timeout=0, read_delay=SETTLE_MS)
-            # in the parent, only the path's own name is the calendar's business
+            # in the parent, only the path's own name is the calendar's business; a watch
+            # given up tells nothing more (its last word, IN_IGNORED, comes after the rewatch)
             events = [
-                event for event in events if event.wd != parent or event.name == self.path.name
+                event
+                for event in events
+                if (event.wd == parent and event.name == self.path.name)
+                or (inside is not None and event.wd == inside)
             ]
             if not events:
                 continue
