@@ -148,12 +148,33 @@ def test_a_request_never_finished_is_closed_after_the_timeout() -> None:
 
 
 def test_a_full_table_drops_the_oldest_and_serves_the_scrape() -> None:
-    """The cap alone (a deadline that never comes during the test): the oldest go first."""
+    """The cap alone (a deadline that never comes during the test): the oldest go first.
+
+    The table is looked at all through the flood, not only once it has settled:
+    a connection dropped must leave the table at once, or each new one counts the
+    dropped ones not yet cleaned up and drops live connections it did not need to.
+    """
     server = served(request_timeout=600.0, max_connections=100)
+    seen: list[int] = []
+    flooding = threading.Event()
+
+    def watch() -> None:
+        while flooding.is_set():
+            seen.append(server.open_connections)
+            time.sleep(0.001)
+
+    watcher = threading.Thread(target=watch)
     try:
-        slow, idle = flood(server.port)
+        flooding.set()
+        watcher.start()
         try:
+            slow, idle = flood(server.port)
+        finally:
             time.sleep(0.5)
+            flooding.clear()
+            watcher.join()
+        try:
+            assert max(seen) <= 100, f"{max(seen)} connections in a table of 100"
             assert server.open_connections <= 100
             assert timed_scrape(server.port) < 1.0
             first = (slow + idle)[:50]

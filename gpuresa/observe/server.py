@@ -167,9 +167,13 @@ class ObservationServer:
         self._writers.add(writer)
         self._receiving[writer] = None
         if len(self._writers) > self.max_connections:
-            # the table is full: drop the oldest connection that is still receiving
+            # the table is full: drop the oldest connection that is still receiving.
+            # It leaves the table now, not when its task next runs: under a flood
+            # that is many accepts later, and each of them would count it and drop
+            # one more live connection than needed
             oldest = next(iter(self._receiving))
             self._receiving.pop(oldest)
+            self._writers.discard(oldest)
             oldest.transport.abort()
         try:
             try:
