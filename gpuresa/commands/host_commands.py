@@ -47,7 +47,8 @@ def release_command(arguments: argparse.Namespace) -> int:
     for holding in released:
         echo(f"released {holding}")
     for holding in kept:
-        reason = "in use" if holding.kind != "mount" or holding.key is None else "its session runs"
+        of_a_session = holding.kind in ("mount", "cgroup") and holding.key is not None
+        reason = "its session runs" if of_a_session and not holding.in_use else "in use"
         echo(f"kept {holding} ({reason})")
     if not (stopped or released or kept):
         echo("nothing to release")

@@ -3,7 +3,8 @@
 A run records the machine at its start and compares at its end: mounts under
 the temporary folders (output roots and state folders of tests live there),
 loop devices backed by a file there, network namespaces no process is in,
-and gpuresa-labelled containers and networks on Docker and Podman. Only what
+the cgroup folders of this run's test hosts (udocker sessions'), and
+gpuresa-labelled containers and networks on Docker and Podman. Only what
 is new counts, and only what this run can have made: other test runs on the
 same machine (their own `pytest-N` folder, their own run prefix in the
 labels) are left out, so neither the machine's old state nor a neighbour's
@@ -26,6 +27,7 @@ from typing import Any
 # config that forgets one puts it)
 TEMPORARY = (Path("/tmp"), Path("/var/tmp"), Path("/var/lib/gpuresa"), Path("/srv/gpuresa"))
 NETNS = Path("/run/netns")
+CGROUPS = Path("/sys/fs/cgroup")
 # another pytest run's base folder (pytest-of-<user>/pytest-<n>), or one pytest's clean-up
 # of old runs renamed on its way out (garbage-<uuid>): neither is this run's
 PYTEST_BASE = re.compile(r"^/tmp/pytest-of-[^/]+/(pytest-\d+|garbage-[0-9a-f-]+)(/|$)")
@@ -40,6 +42,7 @@ class Machine:
     mounts: frozenset[str]
     loops: frozenset[str]
     namespaces: frozenset[str]
+    cgroups: frozenset[str]
     containers: frozenset[str]
     networks: frozenset[str]
 
@@ -51,6 +54,7 @@ class Machine:
                 ("mount", self.mounts, before.mounts),
                 ("loop device", self.loops, before.loops),
                 ("network namespace (no process in it)", self.namespaces, before.namespaces),
+                ("cgroup folder", self.cgroups, before.cgroups),
                 ("container", self.containers, before.containers),
                 ("network", self.networks, before.networks),
             )
@@ -113,6 +117,19 @@ def namespaces() -> frozenset[str]:
     return frozenset(found)
 
 
+def cgroups(prefix: str) -> frozenset[str]:
+    """The cgroup folders of this run's test hosts (`/sys/fs/cgroup/<controller>/gpuresa/
+    test-<prefix>…`, and what is in them), relative to `/sys/fs/cgroup`."""
+    found = set()
+    for host in CGROUPS.glob(f"*/gpuresa/test-{prefix}*"):
+        if TEST_HOST_VALUE.match(host.name) and host.is_dir():
+            found.add(str(host.relative_to(CGROUPS)))
+            found.update(
+                str(entry.relative_to(CGROUPS)) for entry in host.iterdir() if entry.is_dir()
+            )
+    return frozenset(found)
+
+
 def _of_this_run(labels: dict[str, str], prefix: str) -> bool:
     """Whether `labels` carry this run's prefix: its run label, or its test host name
     (what a test made beside a benchmark, a demo or another run is told apart by them)."""
@@ -146,7 +163,12 @@ def machine(base: Path, prefix: str, clients: Iterable[tuple[str, Any]]) -> Mach
     """The machine now, as far as a run with `base` folder and run `prefix` may change it."""
     containers, networks = engine_things(clients, prefix)
     return Machine(
-        mounts(base), loops(base), namespaces(), frozenset(containers), frozenset(networks)
+        mounts(base),
+        loops(base),
+        namespaces(),
+        cgroups(prefix),
+        frozenset(containers),
+        frozenset(networks),
     )
 
 

@@ -4,7 +4,8 @@ Sessions leave traces that neither an engine's listing nor the output
 folders show: the running area's mount (`outputs.running_area`), each capped output's
 image mounted through a loop device (`outputs.capped`), each capped writable
 layer's loop device (`layers`), the users' homes and each session's view of one
-(`homes.store`), and the network namespaces Podman keeps under /run/netns.
+(`homes.store`), the network namespaces Podman keeps under /run/netns, and
+the cgroup folders of udocker sessions (`udocker.cgroups`).
 A session that ends takes its own with it; what is left when no running
 session needs it keeps its folder busy (it cannot be removed,
 `EBUSY`), a loop device taken and, for an image, its blocks held.
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Literal
 
 from gpuresa.backends.engines.layers import LAYERS_FOLDER
+from gpuresa.backends.udocker.cgroups import leftovers, remove_folder
 from gpuresa.config.sections import Config
 from gpuresa.homes.paths import MOUNTED_FOLDER, VIEWS_FOLDER, homes_area
 from gpuresa.outputs.running_area import (
@@ -52,21 +54,23 @@ NETNS_MIN_AGE = 60.0
 DELETED = " (deleted)"
 COMMAND_TIMEOUT = 30
 
-Kind = Literal["mount", "loop", "netns"]
+Kind = Literal["mount", "loop", "netns", "cgroup"]
 
 
 @dataclass(frozen=True)
 class Holding:
-    """One thing held: a mount point, a loop device or a network namespace.
+    """One thing held: a mount point, a loop device, a network namespace or a cgroup folder.
 
     `key` is the safe key of the session it belongs to, when it tells (an
-    output image), else None (the area, a layer's device, a namespace).
+    output image, a session's cgroup), else None (the area, a layer's device,
+    a namespace, the host's cgroup folder).
     """
 
     kind: Kind
     what: str
     key: str | None = None
-    # a layer's loop device still mounted: an engine's container runs on it
+    # a layer's loop device still mounted (an engine's container runs on it), or a
+    # cgroup a process is in
     in_use: bool = False
 
     def __str__(self) -> str:
@@ -74,9 +78,20 @@ class Holding:
 
 
 def holdings(config: Config) -> list[Holding]:
-    """What this host holds for gpuresa now: area and image mounts, loop devices, namespaces."""
+    """What this host holds for gpuresa now: area and image mounts, loop devices, namespaces,
+    cgroup folders."""
     mountinfo = Path("/proc/self/mountinfo").read_text()
-    return [*_mounts(config, mountinfo), *_loops(config, mountinfo), *_namespaces()]
+    cgroups = [
+        Holding("cgroup", relative, _cgroup_key(relative), in_use)
+        for relative, in_use in leftovers(config.daemon.host).items()
+    ]
+    return [*_mounts(config, mountinfo), *_loops(config, mountinfo), *_namespaces(), *cgroups]
+
+
+def _cgroup_key(relative: str) -> str | None:
+    """The session's safe key of "gpuresa/<host>/<key>"; None for the host's folder."""
+    parts = Path(relative).parts
+    return parts[2] if len(parts) == 3 else None
 
 
 def release(
@@ -93,6 +108,14 @@ def release(
     found = holdings(config)
 
     def keep(holding: Holding) -> bool:
+        if holding.kind == "cgroup":
+            # a process in it is a session's (never killed here); the host's folder goes
+            # once no session needs one
+            if holding.in_use:
+                return True
+            return not everything and (
+                holding.key in needed if holding.key is not None else bool(needed)
+            )
         if everything or holding.kind == "netns":
             return False
         if holding.kind == "loop" and holding.key is None:
@@ -117,7 +140,8 @@ def release(
 
 def _order(holding: Holding) -> tuple[int, int]:
     """Mounts first, deepest first (an image's mount sits on the area), then their devices."""
-    return (("mount", "loop", "netns").index(holding.kind), -len(Path(holding.what).parts))
+    kinds = ("mount", "loop", "netns", "cgroup")
+    return (kinds.index(holding.kind), -len(Path(holding.what).parts))
 
 
 def _let_go(config: Config, holding: Holding) -> None:
@@ -130,6 +154,8 @@ def _let_go(config: Config, holding: Holding) -> None:
                 unmount(point)
     elif holding.kind == "loop":
         _run("losetup", "-d", holding.what)
+    elif holding.kind == "cgroup":
+        remove_folder(holding.what)
     else:
         entry = NETNS_FOLDER / holding.what
         with contextlib.suppress(OSError):

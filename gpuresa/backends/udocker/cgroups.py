@@ -65,7 +65,7 @@ class SessionCgroup:
         """
         try:
             for name in self.controllers():
-                self.folder(name).mkdir(mode=0o755, parents=True, exist_ok=True)
+                _make_folder(self.folder(name))
             _write(self.folder("pids") / "pids.max", str(pids))
             memory = self.folder("memory")
             _write(memory / "memory.limit_in_bytes", str(limits.memory))
@@ -185,6 +185,10 @@ class SessionCgroup:
                     time.sleep(POLL)
                 else:
                     break
+        # the host's folder goes with its last session (`_make_folder` makes it again)
+        for name in self.controllers():
+            with contextlib.suppress(OSError):  # another session's is in it
+                self.folder(name).parent.rmdir()
 
 
 def listed(host: str, root: Path = CGROUP_ROOT) -> list[str]:
@@ -206,6 +210,50 @@ def remove_others(host: str, kept: Collection[str], root: Path = CGROUP_ROOT) ->
             cgroup.remove()
             removed.append(name)
     return removed
+
+
+def leftovers(host: str, root: Path = CGROUP_ROOT) -> dict[str, bool]:
+    """This host's cgroup folders, relative to each controller ("gpuresa/<host>/<name>",
+    then "gpuresa/<host>"), each with whether a process is in it; for `host_holds`."""
+    found: dict[str, bool] = {}
+    base = Path("gpuresa") / host
+    for controller in (*CONTROLLERS, *OPTIONAL):
+        folder = root / controller / base
+        with contextlib.suppress(OSError):
+            for entry in folder.iterdir():
+                if entry.is_dir():
+                    relative = str(base / entry.name)
+                    found[relative] = found.get(relative, False) or _populated(entry)
+            found.setdefault(str(base), False)
+    # the sessions' folders first: their host's folder can go only after them
+    return dict(sorted(found.items(), key=lambda item: -len(Path(item[0]).parts)))
+
+
+def remove_folder(relative: str, root: Path = CGROUP_ROOT) -> None:
+    """Remove `relative` ("gpuresa/<host>[/<name>]") from every controller; raises `OSError`
+    when a folder stays (a process or a session's folder is in it). Gone counts as removed."""
+    for controller in (*CONTROLLERS, *OPTIONAL):
+        with contextlib.suppress(FileNotFoundError):
+            (root / controller / relative).rmdir()
+
+
+def _populated(folder: Path) -> bool:
+    try:
+        return bool((folder / "cgroup.procs").read_text().split())
+    except OSError:
+        return False
+
+
+def _make_folder(folder: Path, tries: int = 5) -> None:
+    """mkdir -p `folder`, made again when its host's folder was removed between the two
+    mkdirs (the last session of that host ending at that moment, `SessionCgroup.remove`)."""
+    for _ in range(tries - 1):
+        try:
+            folder.mkdir(mode=0o755, parents=True, exist_ok=True)
+            return
+        except FileNotFoundError:
+            continue
+    folder.mkdir(mode=0o755, parents=True, exist_ok=True)
 
 
 def _write(path: Path, text: str) -> None:

@@ -1,0 +1,136 @@
+"""The cgroup folders of udocker sessions leave with the sessions (`udocker.cgroups`,
+`backends.engines.host_holds`): a host's folder goes with its last session, one left
+by a session that never ended cleanly goes at the daemon's stop or with `gpuresa host
+release`, and one a process is in stays.
+
+Real cgroup folders under /sys/fs/cgroup, for host names of this test run (the
+suite's check of the machine counts any left).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import RUN_PREFIX
+
+from gpuresa.backends.engines.host_holds import release
+from gpuresa.backends.udocker import cgroups
+from gpuresa.backends.udocker.cgroups import CGROUP_ROOT, SessionCgroup
+from gpuresa.config.reading import parse_config
+from gpuresa.config.sections import Config
+from gpuresa.sessions.labels import safe_key
+from gpuresa.sessions.limits import SessionLimits
+
+LIMITS = SessionLimits(cpus=1.0, memory=256 << 20)
+
+
+@pytest.fixture
+def host() -> Iterator[str]:
+    """A host name of this run that no other test uses; its folders are removed after."""
+    name = f"test-{RUN_PREFIX}{uuid.uuid4().hex[:4]}"
+    yield name
+    for controller in (*cgroups.CONTROLLERS, *cgroups.OPTIONAL):
+        folder = CGROUP_ROOT / controller / "gpuresa" / name
+        if folder.is_dir():
+            for entry in folder.iterdir():
+                if entry.is_dir():
+                    entry.rmdir()
+            folder.rmdir()
+
+
+def host_folders(host: str) -> list[Path]:
+    return [
+        folder
+        for controller in (*cgroups.CONTROLLERS, *cgroups.OPTIONAL)
+        if (folder := CGROUP_ROOT / controller / "gpuresa" / host).exists()
+    ]
+
+
+def config_for(host: str, root: Path) -> Config:
+    return parse_config(
+        {"daemon": {"host": host, "state_dir": str(root)}, "storage": {"output_root": str(root)}},
+        "test.toml",
+    )
+
+
+def test_the_last_session_takes_its_hosts_folder_with_it(host: str) -> None:
+    first, second = SessionCgroup(host, "first"), SessionCgroup(host, "second")
+    first.create(LIMITS, 64)
+    second.create(LIMITS, 64)
+    assert len(host_folders(host)) >= 4
+    first.remove()
+    assert not first.exists()
+    assert len(host_folders(host)) >= 4, "the host's folder went while a session was in it"
+    second.remove()
+    assert host_folders(host) == []
+
+
+def test_a_session_made_as_another_ends_is_made_whole(host: str) -> None:
+    """One session made while another of the host ends, again and again: the ending one
+    removes the host's folder between the making one's two mkdirs, which it makes again."""
+    problems: list[str] = []
+
+    def churn(name: str) -> None:
+        for index in range(150):
+            cgroup = SessionCgroup(host, f"{name}-{index}")
+            try:
+                cgroup.create(LIMITS, 64)
+                assert cgroup.exists()
+            except Exception as error:  # every failure is the test's finding
+                problems.append(f"{name}-{index}: {error}")
+            finally:
+                cgroup.remove()
+
+    workers = [threading.Thread(target=churn, args=(name,)) for name in ("a", "b", "c")]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert problems == []
+    assert host_folders(host) == []
+
+
+def test_release_removes_what_no_session_needs_and_keeps_what_a_process_is_in(
+    host: str, tmp_path: Path
+) -> None:
+    """A daemon's stop (`release` with the running sessions' keys), then `host release --all`."""
+    config = config_for(host, tmp_path)
+    # named as the udocker backend names them: by the session's safe key
+    ended, running, busy = (
+        SessionCgroup(host, safe_key(f"{name}@gpu1")) for name in ("ended", "running", "busy")
+    )
+    for cgroup in (ended, running, busy):
+        cgroup.create(LIMITS, 64)
+    # a process in "busy" (a session the daemon does not list: never killed by a release)
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        for procs in busy.procs_files():
+            procs.write_text(str(sleeper.pid))
+        kept, released = release(config, ["running@gpu1"])
+        names = {str(holding): holding for holding in kept + released}
+        assert f"cgroup {ended.relative}" in map(str, released)
+        assert f"cgroup {running.relative}" in map(str, kept)
+        assert names[f"cgroup {busy.relative}"].in_use
+        assert f"cgroup {busy.relative}" in map(str, kept)
+        assert f"cgroup gpuresa/{host}" in map(str, kept)
+        assert not ended.exists() and running.exists() and busy.exists()
+
+        kept, released = release(config, [], everything=True)
+        assert f"cgroup {running.relative}" in map(str, released)
+        assert {str(holding) for holding in kept if holding.kind == "cgroup"} == {
+            f"cgroup {busy.relative}",
+            f"cgroup gpuresa/{host}",
+        }
+        assert sleeper.poll() is None, "a release killed a process"
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    busy.remove()
+    kept, released = release(config, [], everything=True)
+    assert not [holding for holding in kept if holding.kind == "cgroup"]
+    assert host_folders(host) == []
