@@ -1,7 +1,7 @@
 """The cgroup folders of udocker sessions leave with the sessions (`udocker.cgroups`,
-`backends.engines.host_holds`): a host's folder goes with its last session, one left
-by a session that never ended cleanly goes at the daemon's stop or with `gpuresa host
-release`, and one a process is in stays.
+`sessions.cgroup_folders`, `backends.engines.host_holds`): a host's folder goes with
+its last session, one left by a session that never ended cleanly goes at the
+daemon's stop or with `gpuresa host release`, and one a process is in stays.
 
 Real cgroup folders under /sys/fs/cgroup, for host names of this test run (the
 suite's check of the machine counts any left).
@@ -19,10 +19,11 @@ import pytest
 from conftest import RUN_PREFIX
 
 from gpuresa.backends.engines.host_holds import release
-from gpuresa.backends.udocker import cgroups
-from gpuresa.backends.udocker.cgroups import CGROUP_ROOT, SessionCgroup
+from gpuresa.backends.udocker.cgroups import SessionCgroup
 from gpuresa.config.reading import parse_config
 from gpuresa.config.sections import Config
+from gpuresa.sessions import cgroup_folders as cgroups
+from gpuresa.sessions.cgroup_folders import CGROUP_ROOT
 from gpuresa.sessions.labels import safe_key
 from gpuresa.sessions.limits import SessionLimits
 

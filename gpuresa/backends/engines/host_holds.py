@@ -5,7 +5,7 @@ folders show: the running area's mount (`outputs.running_area`), each capped out
 image mounted through a loop device (`outputs.capped`), each capped writable
 layer's loop device (`layers`), the users' homes and each session's view of one
 (`homes.store`), the network namespaces Podman keeps under /run/netns, and
-the cgroup folders of udocker sessions (`udocker.cgroups`).
+the cgroup folders of udocker sessions (`sessions.cgroup_folders`).
 A session that ends takes its own with it; what is left when no running
 session needs it keeps its folder busy (it cannot be removed,
 `EBUSY`), a loop device taken and, for an image, its blocks held.
@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Literal
 
 from gpuresa.backends.engines.layers import LAYERS_FOLDER
-from gpuresa.backends.udocker.cgroups import leftovers, remove_folder
 from gpuresa.config.sections import Config
 from gpuresa.homes.paths import MOUNTED_FOLDER, VIEWS_FOLDER, homes_area
 from gpuresa.outputs.running_area import (
@@ -41,6 +40,7 @@ from gpuresa.outputs.running_area import (
     store,
     unmount,
 )
+from gpuresa.sessions.cgroup_folders import leftovers, remove_folder
 from gpuresa.sessions.labels import safe_key
 
 log = logging.getLogger(__name__)

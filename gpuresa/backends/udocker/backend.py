@@ -25,7 +25,7 @@ from signal import Signals
 
 from gpuresa.access import AccessError, Account, authorized_keys, host_account
 from gpuresa.backends.udocker import launch, listening, spares, stopping, tools
-from gpuresa.backends.udocker.cgroups import CGROUP_ROOT, SessionCgroup, remove_others
+from gpuresa.backends.udocker.cgroups import SessionCgroup, remove_others
 from gpuresa.backends.udocker.devices import denied_devices
 from gpuresa.backends.udocker.host import check_host, login_output, session_account
 from gpuresa.backends.udocker.images import UdockerImages, container_exists, make_container
@@ -40,6 +40,7 @@ from gpuresa.homes.paths import DISK_ID_BASE
 from gpuresa.homes.store import detach, release_unused, show_home
 from gpuresa.model import Session, SessionSpec
 from gpuresa.outputs.disk import start_refusal
+from gpuresa.sessions.cgroup_folders import CGROUP_ROOT
 from gpuresa.sessions.errors import SessionError
 from gpuresa.sessions.files import SessionFacts, SessionFiles, end_text, session_facts
 from gpuresa.sessions.labels import MAIN_ROLE, safe_key, utc_text

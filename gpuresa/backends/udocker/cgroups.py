@@ -21,15 +21,12 @@ import time
 from collections.abc import Collection, Iterable
 from pathlib import Path
 
+from gpuresa.sessions.cgroup_folders import CGROUP_ROOT, CONTROLLERS, OPTIONAL
 from gpuresa.sessions.errors import SessionError
 from gpuresa.sessions.limits import SessionLimits
 
 log = logging.getLogger(__name__)
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
-# the controllers a session is placed in; "devices" also where the host has it
-CONTROLLERS = ("pids", "memory", "cpu", "freezer")
-OPTIONAL = ("devices",)
 CPU_PERIOD_US = 100_000
 POLL = 0.05
 
@@ -210,38 +207,6 @@ def remove_others(host: str, kept: Collection[str], root: Path = CGROUP_ROOT) ->
             cgroup.remove()
             removed.append(name)
     return removed
-
-
-def leftovers(host: str, root: Path = CGROUP_ROOT) -> dict[str, bool]:
-    """This host's cgroup folders, relative to each controller ("gpuresa/<host>/<name>",
-    then "gpuresa/<host>"), each with whether a process is in it; for `host_holds`."""
-    found: dict[str, bool] = {}
-    base = Path("gpuresa") / host
-    for controller in (*CONTROLLERS, *OPTIONAL):
-        folder = root / controller / base
-        with contextlib.suppress(OSError):
-            for entry in folder.iterdir():
-                if entry.is_dir():
-                    relative = str(base / entry.name)
-                    found[relative] = found.get(relative, False) or _populated(entry)
-            found.setdefault(str(base), False)
-    # the sessions' folders first: their host's folder can go only after them
-    return dict(sorted(found.items(), key=lambda item: -len(Path(item[0]).parts)))
-
-
-def remove_folder(relative: str, root: Path = CGROUP_ROOT) -> None:
-    """Remove `relative` ("gpuresa/<host>[/<name>]") from every controller; raises `OSError`
-    when a folder stays (a process or a session's folder is in it). Gone counts as removed."""
-    for controller in (*CONTROLLERS, *OPTIONAL):
-        with contextlib.suppress(FileNotFoundError):
-            (root / controller / relative).rmdir()
-
-
-def _populated(folder: Path) -> bool:
-    try:
-        return bool((folder / "cgroup.procs").read_text().split())
-    except OSError:
-        return False
 
 
 def _make_folder(folder: Path, tries: int = 5) -> None:
