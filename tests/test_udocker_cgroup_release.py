@@ -9,6 +9,8 @@ suite's check of the machine counts any left).
 
 from __future__ import annotations
 
+import os
+import stat
 import subprocess
 import threading
 import uuid
@@ -17,8 +19,9 @@ from pathlib import Path
 
 import pytest
 from conftest import RUN_PREFIX
+from support.waiting import wait_for
 
-from gpuresa.backends.engines.host_holds import release
+from gpuresa.backends.engines.host_holds import holdings, release
 from gpuresa.backends.udocker.cgroups import SessionCgroup
 from gpuresa.config.reading import parse_config
 from gpuresa.config.sections import Config
@@ -52,9 +55,13 @@ def host_folders(host: str) -> list[Path]:
     ]
 
 
-def config_for(host: str, root: Path) -> Config:
+def config_for(host: str, root: Path, engine: str = "udocker") -> Config:
     return parse_config(
-        {"daemon": {"host": host, "state_dir": str(root)}, "storage": {"output_root": str(root)}},
+        {
+            "daemon": {"host": host, "state_dir": str(root)},
+            "hosts": [{"name": host, "engine": engine}],
+            "storage": {"output_root": str(root)},
+        },
         "test.toml",
     )
 
@@ -69,6 +76,24 @@ def test_the_last_session_takes_its_hosts_folder_with_it(host: str) -> None:
     assert len(host_folders(host)) >= 4, "the host's folder went while a session was in it"
     second.remove()
     assert host_folders(host) == []
+
+
+def test_folders_are_roots_and_closed_to_others_whatever_the_umask(host: str) -> None:
+    """A host user who could write in the host's folder could make a session's folder of
+    their own there before gpuresa does, and own that session's limits."""
+    cgroup = SessionCgroup(host, "lax")
+    before = os.umask(0)
+    try:
+        cgroup.create(LIMITS, 64)
+    finally:
+        os.umask(before)
+    try:
+        for folder in host_folders(host):
+            for made in (folder, folder / "lax"):
+                details = made.stat()
+                assert (details.st_uid, stat.S_IMODE(details.st_mode)) == (0, 0o755), made
+    finally:
+        cgroup.remove()
 
 
 def test_a_session_made_as_another_ends_is_made_whole(host: str) -> None:
@@ -128,10 +153,20 @@ def test_release_removes_what_no_session_needs_and_keeps_what_a_process_is_in(
             f"cgroup gpuresa/{host}",
         }
         assert sleeper.poll() is None, "a release killed a process"
+        # another installation's daemon on this machine, of the same host name on Docker,
+        # lists none of them
+        docker = config_for(host, tmp_path, engine="docker")
+        assert not [holding for holding in holdings(docker) if holding.kind == "cgroup"]
     finally:
         sleeper.kill()
         sleeper.wait()
-    busy.remove()
-    kept, released = release(config, [], everything=True)
+    # its process gone, the folder left as a daemon killed mid-stop leaves it: the next
+    # daemon's stop removes it, then the host's folder
+    wait_for(lambda: not busy.members(), timeout=10, what="the killed process to leave")
+    kept, released = release(config, [])
+    assert [str(holding) for holding in released if holding.kind == "cgroup"] == [
+        f"cgroup {busy.relative}",
+        f"cgroup gpuresa/{host}",
+    ]
     assert not [holding for holding in kept if holding.kind == "cgroup"]
     assert host_folders(host) == []

@@ -164,17 +164,20 @@ class ObservationServer:
     # --- one connection ---------------------------------------------------------------
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._writers.add(writer)
-        self._receiving[writer] = None
-        if len(self._writers) > self.max_connections:
-            # the table is full: drop the oldest connection that is still receiving.
-            # It leaves the table now, not when its task next runs: under a flood
-            # that is many accepts later, and each of them would count it and drop
-            # one more live connection than needed
+        if len(self._writers) >= self.max_connections:
+            # the table is full: drop the oldest connection that is still receiving, or
+            # this one when every other is being answered. The one dropped leaves the
+            # table now, not when its task next runs: under a flood that is many accepts
+            # later, and each of them would count it and drop one more live connection
+            if not self._receiving:
+                writer.transport.abort()
+                return
             oldest = next(iter(self._receiving))
             self._receiving.pop(oldest)
             self._writers.discard(oldest)
             oldest.transport.abort()
+        self._writers.add(writer)
+        self._receiving[writer] = None
         try:
             try:
                 head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.request_timeout)

@@ -81,9 +81,11 @@ def holdings(config: Config) -> list[Holding]:
     """What this host holds for gpuresa now: area and image mounts, loop devices, namespaces,
     cgroup folders."""
     mountinfo = Path("/proc/self/mountinfo").read_text()
+    # only a udocker host's own: another installation's on this machine may share the name
+    udocker = any(h.name == config.daemon.host and h.engine == "udocker" for h in config.hosts)
     cgroups = [
         Holding("cgroup", relative, _cgroup_key(relative), in_use)
-        for relative, in_use in leftovers(config.daemon.host).items()
+        for relative, in_use in (leftovers(config.daemon.host).items() if udocker else ())
     ]
     return [*_mounts(config, mountinfo), *_loops(config, mountinfo), *_namespaces(), *cgroups]
 

@@ -210,15 +210,22 @@ def remove_others(host: str, kept: Collection[str], root: Path = CGROUP_ROOT) ->
 
 
 def _make_folder(folder: Path, tries: int = 5) -> None:
-    """mkdir -p `folder`, made again when its host's folder was removed between the two
-    mkdirs (the last session of that host ending at that moment, `SessionCgroup.remove`)."""
-    for _ in range(tries - 1):
+    """mkdir -p `folder`, each missing folder root's 0755 (mkdir's `parents` would make
+    the host's 0777 less the umask: with a lax one, a host user could make a session's
+    folder of their own in it, and own its limits). Made again when its host's folder
+    was removed between two mkdirs (that host's last session ending, `SessionCgroup.remove`).
+    """
+    for attempt in range(tries):
+        levels = [folder, *folder.parents]
+        missing = levels[: next(index for index, level in enumerate(levels) if level.is_dir())]
         try:
-            folder.mkdir(mode=0o755, parents=True, exist_ok=True)
+            for level in reversed(missing):
+                with contextlib.suppress(FileExistsError):
+                    level.mkdir(mode=0o755)
             return
         except FileNotFoundError:
-            continue
-    folder.mkdir(mode=0o755, parents=True, exist_ok=True)
+            if attempt == tries - 1:
+                raise
 
 
 def _write(path: Path, text: str) -> None:
