@@ -19,6 +19,7 @@ as released.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -115,6 +116,8 @@ def release(
             # once no session needs one
             if holding.in_use:
                 return True
+            if holding.key is None and any(k.kind == "cgroup" for k in kept):
+                return True  # a session's folder kept (listed before) is in it
             return not everything and (
                 holding.key in needed if holding.key is not None else bool(needed)
             )
@@ -134,7 +137,7 @@ def release(
             _let_go(config, holding)
         except OSError as error:
             log.warning("cannot release %s: %s", holding, error)
-            kept.append(holding)
+            kept.append(dataclasses.replace(holding, in_use=True))  # whatever holds it
             continue
         released.append(holding)
     return kept, released
