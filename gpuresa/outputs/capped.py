@@ -37,6 +37,7 @@ import errno
 import logging
 import os
 import subprocess
+import time
 from pathlib import Path
 
 from gpuresa.config.sections import Config
@@ -64,6 +65,8 @@ SMALLEST_AUTO_CAP = 1024**3
 # "auto" on a host without GPUs (demos, tests): the share of one session in this many
 SHARES_WITHOUT_GPUS = 8
 MOUNT_OPTIONS = "loop,nosuid,nodev"
+# how long a hand-over waits for an ended session's image to be let go of elsewhere
+READER_SETTLE = 5.0
 # mkfs of a sparse image: no discard pass, inode tables and journal zeroed lazily
 MKFS = (
     "mkfs.ext4",
@@ -258,7 +261,7 @@ def release_capped(config: Config, key: str, running: Path, stored: Path) -> Non
     reader = store(config) / f".{safe_key(key)}.copy"
     reader.mkdir(mode=0o700, exist_ok=True)
     try:
-        run_tool("mount", "-t", "ext4", "-o", f"{MOUNT_OPTIONS},ro", str(image), str(reader))
+        _mount_reader(image, reader)
         try:
             copy_tree(reader, stored)
         finally:
@@ -268,6 +271,26 @@ def release_capped(config: Config, key: str, running: Path, stored: Path) -> Non
             reader.rmdir()
     image.unlink(missing_ok=True)
     log.info("%s: output copied out of its image into %s", key, stored)
+
+
+def _mount_reader(image: Path, reader: Path) -> None:
+    """Mount `image` read-only at `reader`; raises `OSError`.
+
+    Right after a stop, the ended container's mount namespace may still hold
+    the image mounted read-write (the kernel tears it down after its last
+    process, a moment after the engine says the container is gone): `mount`
+    then takes the image's loop device again and the kernel refuses it read-only
+    ("already mounted"). Tried again for up to `READER_SETTLE` seconds.
+    """
+    deadline = time.monotonic() + READER_SETTLE
+    while True:
+        try:
+            run_tool("mount", "-t", "ext4", "-o", f"{MOUNT_OPTIONS},ro", str(image), str(reader))
+            return
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
 
 
 def _room_to_copy(config: Config, image: Path) -> None:
