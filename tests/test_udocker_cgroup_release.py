@@ -23,6 +23,8 @@ from conftest import RUN_PREFIX
 from support.waiting import wait_for
 
 from gpuresa.backends.engines.host_holds import holdings, release
+from gpuresa.backends.engines.identity import installation_label
+from gpuresa.backends.udocker.backend import UdockerBackend
 from gpuresa.backends.udocker.cgroups import SessionCgroup
 from gpuresa.config.reading import parse_config
 from gpuresa.config.sections import Config
@@ -39,36 +41,43 @@ def host() -> Iterator[str]:
     """A host name of this run that no other test uses; its folders are removed after."""
     name = f"test-{RUN_PREFIX}{uuid.uuid4().hex[:4]}"
     yield name
-    for controller in (*cgroups.CONTROLLERS, *cgroups.OPTIONAL):
-        folder = CGROUP_ROOT / controller / "gpuresa" / name
-        if folder.is_dir():
-            for entry in folder.iterdir():
-                if entry.is_dir():
-                    entry.rmdir()
-            folder.rmdir()
+    for folder in host_folders(name):
+        for entry in folder.iterdir():
+            if entry.is_dir():
+                entry.rmdir()
+        folder.rmdir()
 
 
 def host_folders(host: str) -> list[Path]:
+    """Every folder of `host`'s sessions, of any installation (and of none: `gpuresa/<host>`,
+    where sessions started before their folder carried their installation)."""
     return [
         folder
         for controller in (*cgroups.CONTROLLERS, *cgroups.OPTIONAL)
-        if (folder := CGROUP_ROOT / controller / "gpuresa" / host).exists()
+        for folder in sorted((CGROUP_ROOT / controller / "gpuresa").glob(f"{host}*"))
+        if folder.name == host or folder.name.startswith(f"{host}@")
     ]
+
+
+def base_of(host: str, state_dir: Path) -> Path:
+    """The folder of the sessions of the installation whose state is in `state_dir`."""
+    return cgroups.host_folder(host, installation_label(state_dir))
 
 
 def config_for(host: str, root: Path, engine: str = "udocker") -> Config:
     return parse_config(
         {
-            "daemon": {"host": host, "state_dir": str(root)},
+            "daemon": {"host": host, "state_dir": str(root / "state")},
             "hosts": [{"name": host, "engine": engine}],
-            "storage": {"output_root": str(root)},
+            "storage": {"output_root": str(root / "output")},
         },
         "test.toml",
     )
 
 
-def test_the_last_session_takes_its_hosts_folder_with_it(host: str) -> None:
-    first, second = SessionCgroup(host, "first"), SessionCgroup(host, "second")
+def test_the_last_session_takes_its_hosts_folder_with_it(host: str, tmp_path: Path) -> None:
+    base = base_of(host, tmp_path)
+    first, second = SessionCgroup(base, "first"), SessionCgroup(base, "second")
     first.create(LIMITS, 64)
     second.create(LIMITS, 64)
     assert len(host_folders(host)) >= 4
@@ -79,10 +88,12 @@ def test_the_last_session_takes_its_hosts_folder_with_it(host: str) -> None:
     assert host_folders(host) == []
 
 
-def test_folders_are_roots_and_closed_to_others_whatever_the_umask(host: str) -> None:
+def test_folders_are_roots_and_closed_to_others_whatever_the_umask(
+    host: str, tmp_path: Path
+) -> None:
     """A host user who could write in the host's folder could make a session's folder of
     their own there before gpuresa does, and own that session's limits."""
-    cgroup = SessionCgroup(host, "lax")
+    cgroup = SessionCgroup(base_of(host, tmp_path), "lax")
     before = os.umask(0)
     try:
         cgroup.create(LIMITS, 64)
@@ -97,14 +108,15 @@ def test_folders_are_roots_and_closed_to_others_whatever_the_umask(host: str) ->
         cgroup.remove()
 
 
-def test_a_session_made_as_another_ends_is_made_whole(host: str) -> None:
+def test_a_session_made_as_another_ends_is_made_whole(host: str, tmp_path: Path) -> None:
     """One session made while another of the host ends, again and again: the ending one
     removes the host's folder between the making one's two mkdirs, which it makes again."""
     problems: list[str] = []
+    base = base_of(host, tmp_path)
 
     def churn(name: str) -> None:
         for index in range(150):
-            cgroup = SessionCgroup(host, f"{name}-{index}")
+            cgroup = SessionCgroup(base, f"{name}-{index}")
             try:
                 cgroup.create(LIMITS, 64)
                 assert cgroup.exists()
@@ -127,9 +139,10 @@ def test_release_removes_what_no_session_needs_and_keeps_what_a_process_is_in(
 ) -> None:
     """A daemon's stop (`release` with the running sessions' keys), then `host release --all`."""
     config = config_for(host, tmp_path)
+    base = base_of(host, config.daemon.state_dir)
     # named as the udocker backend names them: by the session's safe key
     ended, running, busy = (
-        SessionCgroup(host, safe_key(f"{name}@gpu1")) for name in ("ended", "running", "busy")
+        SessionCgroup(base, safe_key(f"{name}@gpu1")) for name in ("ended", "running", "busy")
     )
     for cgroup in (ended, running, busy):
         cgroup.create(LIMITS, 64)
@@ -144,7 +157,7 @@ def test_release_removes_what_no_session_needs_and_keeps_what_a_process_is_in(
         assert f"cgroup {running.relative}" in map(str, kept)
         assert names[f"cgroup {busy.relative}"].in_use
         assert f"cgroup {busy.relative}" in map(str, kept)
-        assert f"cgroup gpuresa/{host}" in map(str, kept)
+        assert f"cgroup {base}" in map(str, kept)
         assert not ended.exists() and running.exists() and busy.exists()
 
         with caplog.at_level(logging.WARNING):
@@ -154,7 +167,7 @@ def test_release_removes_what_no_session_needs_and_keeps_what_a_process_is_in(
         assert f"cgroup {running.relative}" in map(str, released)
         assert {str(holding) for holding in kept if holding.kind == "cgroup"} == {
             f"cgroup {busy.relative}",
-            f"cgroup gpuresa/{host}",
+            f"cgroup {base}",
         }
         assert sleeper.poll() is None, "a release killed a process"
         # another installation's daemon on this machine, of the same host name on Docker,
@@ -170,7 +183,77 @@ def test_release_removes_what_no_session_needs_and_keeps_what_a_process_is_in(
     kept, released = release(config, [])
     assert [str(holding) for holding in released if holding.kind == "cgroup"] == [
         f"cgroup {busy.relative}",
-        f"cgroup gpuresa/{host}",
+        f"cgroup {base}",
     ]
     assert not [holding for holding in kept if holding.kind == "cgroup"]
+    assert host_folders(host) == []
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    process = subprocess.Popen(["sleep", "60"])
+    yield process
+    process.kill()
+    process.wait()
+
+
+def test_two_installations_of_one_host_name_never_take_each_others_cgroups(
+    host: str, tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    """A test daemon beside the real one, both `gpu1`, with a session of the same key: the
+    second's clean-up (each round, and at its stop) leaves the first's session running."""
+    first = UdockerBackend(config_for(host, tmp_path / "first"))
+    second = UdockerBackend(config_for(host, tmp_path / "second"))
+    key = f"same@{host}"
+    mine, theirs = first.cgroup(key), second.cgroup(key)
+    assert mine.relative != theirs.relative
+    for cgroup in (mine, theirs):
+        cgroup.create(LIMITS, 64)
+    for procs in mine.procs_files():
+        procs.write_text(str(sleeper.pid))
+
+    # the second has no record of a session: what it finds of its own goes
+    assert second.cleanup(set()) == [f"cgroup {safe_key(key)}"]
+    assert not theirs.exists()
+    assert sleeper.poll() is None, "a clean-up killed another installation's session"
+    assert mine.members() == [sleeper.pid]
+    release(second.config, [], everything=True)
+    assert [holding for holding in holdings(second.config) if holding.kind == "cgroup"] == []
+    assert mine.exists() and sleeper.poll() is None
+    # the first lists it as its own
+    assert f"cgroup {mine.relative}" in {str(holding) for holding in holdings(first.config)}
+    sleeper.kill()
+    wait_for(lambda: not mine.members(), timeout=10, what="the killed process to leave")
+    mine.remove()
+
+
+def test_a_session_started_before_its_folder_named_its_installation_is_found_again(
+    host: str, tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    """A daemon upgraded while a udocker session runs finds it where it started,
+    `gpuresa/<host>/<key>`, by the first process it recorded there; the same key's folder
+    there with another process in it (another installation's) is never taken."""
+    backend = UdockerBackend(config_for(host, tmp_path))
+    key = f"upgraded@{host}"
+    earlier = SessionCgroup(Path("gpuresa") / host, safe_key(key))
+    earlier.create(LIMITS, 64)
+    for procs in earlier.procs_files():
+        procs.write_text(str(sleeper.pid))
+    recorded = backend.records.folder(key) / "container.pid"
+    recorded.parent.mkdir(parents=True)
+
+    recorded.write_text(f"{os.getpid()}\n")  # not in that folder: another's session
+    assert backend.cgroup(key).relative == base_of(host, backend.config.daemon.state_dir) / (
+        safe_key(key)
+    )
+    assert backend.cleanup(set()) == []
+    assert earlier.members() == [sleeper.pid]
+
+    recorded.write_text(f"{sleeper.pid}\n")
+    found = backend.cgroup(key)
+    assert found.relative == earlier.relative
+    # its end kills it there, and takes the old host folder with its last session
+    found.kill_all()
+    found.remove()
+    assert sleeper.wait(timeout=10) == -9
     assert host_folders(host) == []

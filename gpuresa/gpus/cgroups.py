@@ -32,7 +32,8 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 # docker/<id> (cgroupfs driver), docker-<id>.scope (systemd driver), libpod-<id>.scope (Podman)
 _CONTAINER_IN_CGROUP = re.compile(r"(?:docker|libpod)[-/]([0-9a-f]{64})(?:\.scope)?(?:/|$)")
-# a udocker session's cgroup (gpuresa's own: gpuresa/<host>/<session>), named by that path
+# a udocker session's cgroup (gpuresa's own: gpuresa/<host>@<installation>/<session>), named
+# by that path
 _SESSION_CGROUP = re.compile(r"^/(gpuresa/[^/]+/[^/]+)(?:/|$)")
 # where Docker and Podman put a container's device cgroup under cgroups v1
 _DEVICE_CGROUP_LAYOUTS = (
@@ -56,7 +57,7 @@ def container_of(pid: int, proc: Path = PROC) -> str | None:
 
 def container_in_cgroup_file(text: str) -> str | None:
     """The container id that a /proc/<pid>/cgroup text names, if any (v1 or v2 lines); for a
-    udocker session's process, its session cgroup's path (`gpuresa/<host>/<session>`)."""
+    udocker session's process, its session cgroup's path (`gpuresa/<host folder>/<session>`)."""
     for line in text.splitlines():
         # "hierarchy-id:controllers:path"; the path may itself hold ':'
         parts = line.split(":", 2)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from gpuresa.backends.engines.identity import installation_label
 from gpuresa.backends.engines.layers import LAYERS_FOLDER
 from gpuresa.config.sections import Config
 from gpuresa.homes.paths import MOUNTED_FOLDER, VIEWS_FOLDER, homes_area
@@ -41,7 +42,7 @@ from gpuresa.outputs.running_area import (
     store,
     unmount,
 )
-from gpuresa.sessions.cgroup_folders import leftovers, remove_folder
+from gpuresa.sessions.cgroup_folders import host_folder, leftovers, remove_folder
 from gpuresa.sessions.labels import safe_key
 
 log = logging.getLogger(__name__)
@@ -82,17 +83,21 @@ def holdings(config: Config) -> list[Holding]:
     """What this host holds for gpuresa now: area and image mounts, loop devices, namespaces,
     cgroup folders."""
     mountinfo = Path("/proc/self/mountinfo").read_text()
-    # only a udocker host's own: another installation's on this machine may share the name
+    # a udocker host's alone (the engines make none); this installation's, by its folder
     udocker = any(h.name == config.daemon.host and h.engine == "udocker" for h in config.hosts)
+    found: dict[str, bool] = {}
+    if udocker:
+        base = host_folder(config.daemon.host, installation_label(config.daemon.state_dir))
+        found = leftovers(base)
     cgroups = [
         Holding("cgroup", relative, _cgroup_key(relative), in_use)
-        for relative, in_use in (leftovers(config.daemon.host).items() if udocker else ())
+        for relative, in_use in found.items()
     ]
     return [*_mounts(config, mountinfo), *_loops(config, mountinfo), *_namespaces(), *cgroups]
 
 
 def _cgroup_key(relative: str) -> str | None:
-    """The session's safe key of "gpuresa/<host>/<key>"; None for the host's folder."""
+    """The session's safe key of "gpuresa/<host folder>/<key>"; None for the host's folder."""
     parts = Path(relative).parts
     return parts[2] if len(parts) == 3 else None
 

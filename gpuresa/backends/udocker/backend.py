@@ -13,6 +13,7 @@ as for the engines (`gpuresa.sessions.files`), mounted read-only.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import secrets
@@ -24,8 +25,9 @@ from pathlib import Path, PurePosixPath
 from signal import Signals
 
 from gpuresa.access import AccessError, Account, authorized_keys, host_account
-from gpuresa.backends.udocker import launch, listening, spares, stopping, tools
-from gpuresa.backends.udocker.cgroups import SessionCgroup, remove_others
+from gpuresa.backends.engines.identity import installation_label
+from gpuresa.backends.udocker import cgroups, launch, listening, spares, stopping, tools
+from gpuresa.backends.udocker.cgroups import SessionCgroup
 from gpuresa.backends.udocker.devices import denied_devices
 from gpuresa.backends.udocker.host import check_host, login_output, session_account
 from gpuresa.backends.udocker.images import UdockerImages, container_exists, make_container
@@ -40,7 +42,7 @@ from gpuresa.homes.paths import DISK_ID_BASE
 from gpuresa.homes.store import detach, release_unused, show_home
 from gpuresa.model import Session, SessionSpec
 from gpuresa.outputs.disk import start_refusal
-from gpuresa.sessions.cgroup_folders import CGROUP_ROOT
+from gpuresa.sessions.cgroup_folders import CGROUP_ROOT, host_folder
 from gpuresa.sessions.errors import SessionError
 from gpuresa.sessions.files import SessionFacts, SessionFiles, end_text, session_facts
 from gpuresa.sessions.labels import MAIN_ROLE, safe_key, utc_text
@@ -74,8 +76,21 @@ class UdockerBackend:
     def host(self) -> HostConfig:
         return self.config.host()
 
+    @functools.cached_property
+    def cgroup_base(self) -> Path:
+        """This installation's folder of session cgroups (`host_folder`)."""
+        label = installation_label(self.config.daemon.state_dir)
+        return host_folder(self.config.daemon.host, label)
+
     def cgroup(self, key: str) -> SessionCgroup:
-        return SessionCgroup(self.config.daemon.host, safe_key(key), self.cgroup_root)
+        folder = self.records.folder(key)
+        return cgroups.chosen(
+            self.cgroup_base,
+            self.config.daemon.host,
+            safe_key(key),
+            lambda cgroup: launch.init_pid(cgroup, folder),
+            self.cgroup_root,
+        )
 
     # --- what the host has -----------------------------------------------------------------
 
@@ -409,7 +424,7 @@ class UdockerBackend:
         """Remove cgroups of this host that no session record names (never a busy key's)."""
         kept = {safe_key(record.spec.key) for record in self.records.all()}
         kept |= {safe_key(key) for key in busy}
-        removed = remove_others(self.config.daemon.host, kept, self.cgroup_root)
+        removed = cgroups.remove_others(self.cgroup_base, kept, self.cgroup_root)
         released = release_unused(
             self.config, lambda: [record.spec.key for record in self.records.all()] + list(busy)
         )

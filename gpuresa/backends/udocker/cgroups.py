@@ -1,7 +1,8 @@
 """The cgroups gpuresa owns for each udocker session (cgroup v1 controllers).
 
-Every process of a session starts in `/sys/fs/cgroup/<controller>/gpuresa/<host>/<key>`
-(its first process writes itself there as root, then drops to the user): runc,
+Every process of a session starts in
+`/sys/fs/cgroup/<controller>/gpuresa/<host>@<installation>/<key>` (`cgroup_folders.host_folder`;
+its first process writes itself there as root, then drops to the user): runc,
 run rootless, cannot make cgroups of its own there (the folders are root's), so
 the container and everything it forks stay in them, whatever sessions or
 process groups they make. A user cannot move a process out either: every
@@ -18,7 +19,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 
 from gpuresa.sessions.cgroup_folders import CGROUP_ROOT, CONTROLLERS, OPTIONAL
@@ -34,9 +35,10 @@ POLL = 0.05
 class SessionCgroup:
     """The cgroup folders of one session, one per controller."""
 
-    def __init__(self, host: str, name: str, root: Path = CGROUP_ROOT) -> None:
+    def __init__(self, base: Path, name: str, root: Path = CGROUP_ROOT) -> None:
+        """`base`: the folder of its host's sessions (`cgroup_folders.host_folder`)."""
         self.root = root
-        self.relative = Path("gpuresa") / host / name
+        self.relative = base / name
 
     def folder(self, controller: str) -> Path:
         return self.root / controller / self.relative
@@ -188,25 +190,41 @@ class SessionCgroup:
                 self.folder(name).parent.rmdir()
 
 
-def listed(host: str, root: Path = CGROUP_ROOT) -> list[str]:
-    """The names of this host's session cgroups (what a restarted daemon finds)."""
-    folder = root / "pids" / "gpuresa" / host
+def listed(base: Path, root: Path = CGROUP_ROOT) -> list[str]:
+    """The names of the session cgroups under `base` (what a restarted daemon finds)."""
+    folder = root / "pids" / base
     try:
         return sorted(entry.name for entry in folder.iterdir() if entry.is_dir())
     except OSError:
         return []
 
 
-def remove_others(host: str, kept: Collection[str], root: Path = CGROUP_ROOT) -> list[str]:
-    """Kill and remove this host's session cgroups whose name is not in `kept`; theirs."""
+def remove_others(base: Path, kept: Collection[str], root: Path = CGROUP_ROOT) -> list[str]:
+    """Kill and remove the session cgroups under `base` whose name is not in `kept`; theirs."""
     removed = []
-    for name in listed(host, root):
+    for name in listed(base, root):
         if name not in kept:
-            cgroup = SessionCgroup(host, name, root)
+            cgroup = SessionCgroup(base, name, root)
             cgroup.kill_all()
             cgroup.remove()
             removed.append(name)
     return removed
+
+
+def chosen(
+    base: Path, host: str, name: str, first: Callable[[SessionCgroup], int | None], root: Path
+) -> SessionCgroup:
+    """Session `name`'s cgroup under `base`; or, for a session started before the folder
+    carried its installation, the one under `gpuresa/<host>` in which `first` finds the
+    session's first process as this installation recorded it (another installation's of the
+    same host name and key holds another process, and is never taken)."""
+    current = SessionCgroup(base, name, root)
+    if current.exists():
+        return current
+    earlier = SessionCgroup(Path("gpuresa") / host, name, root)
+    if earlier.exists() and first(earlier) is not None:
+        return earlier
+    return current
 
 
 def _make_folder(folder: Path, tries: int = 5) -> None:
