@@ -7,6 +7,7 @@ Real mounts, loop devices, Docker sessions and daemons; each test removes what i
 
 from __future__ import annotations
 
+import argparse
 import fcntl
 import json
 import logging
@@ -20,6 +21,7 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import DockerHarness
@@ -28,9 +30,11 @@ from test_daemon_cli import ics_event, write_ics_config
 
 from gpuresa.backends.engines import Runtime, host_holds
 from gpuresa.backends.engines.host_holds import holdings, release, release_unneeded
+from gpuresa.commands import host_commands
 from gpuresa.config.reading import load_config, parse_config
 from gpuresa.config.sections import Config
 from gpuresa.daemon.service import Daemon
+from gpuresa.errors import UserError
 from gpuresa.outputs.capped import image_path, mount_capped
 from gpuresa.outputs.running_area import (
     area,
@@ -291,6 +295,42 @@ def test_host_release_refuses_while_a_daemon_holds_the_state_folder(tmp_path: Pa
         refused = gpuresa(config_file, "host", "release", "--all")
     assert refused.returncode != 0
     assert "stop it first" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_a_daemon_started_during_a_host_release_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The release holds the daemon's lock to its end: a daemon started meanwhile (systemd
+    restarting it, an admin) would start sessions again and mount what it unmounts."""
+    config_file = tmp_path / "config.toml"
+    config_file.write_text(
+        f'[daemon]\nstate_dir = "{tmp_path / "state"}"\n'
+        f'[storage]\noutput_root = "{tmp_path / "output"}"\n'
+    )
+    config = load_config(config_file)
+    seen: list[str] = []
+    real = host_commands.release_host
+
+    def starting_a_daemon_first(*arguments: Any, **options: Any) -> Any:
+        daemon = Daemon(config)
+        try:
+            daemon.start()
+        except UserError as error:
+            seen.append(str(error))
+        else:
+            daemon.shutdown()
+            seen.append("a daemon started")
+        return real(*arguments, **options)
+
+    monkeypatch.setattr(host_commands, "release_host", starting_a_daemon_first)
+    arguments = argparse.Namespace(config=config_file, all=True)
+    assert host_commands.release_command(arguments) == 0
+    [said] = seen
+    assert "another gpuresa daemon" in said and "uses" in said
+    # and once it is done, a daemon starts
+    daemon = Daemon(config)
+    daemon.start()
+    daemon.shutdown()
 
 
 # --- the suite's own check of the machine ------------------------------------------------

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 from gpuresa.backends.engines.host_holds import Holding, release
@@ -38,9 +40,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def release_command(arguments: argparse.Namespace) -> int:
     config = load_config(arguments.config)
-    _refuse_beside_the_daemon(config)
-    backend = open_backend(config)
-    with docker_errors():
+    with _without_a_daemon(config), docker_errors():
+        backend = open_backend(config)
         stopped, kept, released = release_host(config, backend, everything=arguments.all)
     for key in stopped:
         echo(f"stopped session {key}")
@@ -85,13 +86,14 @@ def _report(key: str, problem: str) -> None:
     log.error("%s: output not handed over: %s", key, problem)
 
 
-def _refuse_beside_the_daemon(config: Config) -> None:
-    """Raise `UserError` while a daemon holds the state folder: it would start sessions again
-    and mount what this command unmounts."""
-    lock = Path(config.daemon.state_dir) / "daemon.lock"
-    if not lock.exists():
-        return
-    with lock.open("a") as handle:
+@contextlib.contextmanager
+def _without_a_daemon(config: Config) -> Iterator[None]:
+    """Hold the daemon's lock of the state folder for the whole release; raise `UserError`
+    while a daemon holds it. A daemon would start sessions again and mount what this command
+    unmounts: one started meanwhile is refused ("another gpuresa daemon uses ...")."""
+    state_dir = Path(config.daemon.state_dir)
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with (state_dir / "daemon.lock").open("a+") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -99,3 +101,4 @@ def _refuse_beside_the_daemon(config: Config) -> None:
                 f"a gpuresa daemon runs with {config.daemon.state_dir}; stop it first "
                 "(systemctl stop gpuresa), then run `gpuresa host release` again"
             ) from None
+        yield  # the lock goes with the file's closing
