@@ -280,17 +280,30 @@ def _mount_reader(image: Path, reader: Path) -> None:
     the image mounted read-write (the kernel tears it down after its last
     process, a moment after the engine says the container is gone): `mount`
     then takes the image's loop device again and the kernel refuses it read-only
-    ("already mounted"). Tried again for up to `READER_SETTLE` seconds.
+    ("already mounted"). Tried again while a loop device backed by the image was
+    there before the try, for up to `READER_SETTLE` seconds; a mount that fails
+    with none (a damaged image) fails at once.
     """
     deadline = time.monotonic() + READER_SETTLE
     while True:
+        held = _held(image)
         try:
             run_tool("mount", "-t", "ext4", "-o", f"{MOUNT_OPTIONS},ro", str(image), str(reader))
             return
         except OSError:
-            if time.monotonic() >= deadline:
+            if not held or time.monotonic() >= deadline:
                 raise
             time.sleep(0.2)
+
+
+def _held(image: Path) -> bool:
+    """Whether a loop device is backed by `image` (a mount of it, here or in a namespace)."""
+    target = str(image.resolve())
+    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
+        with contextlib.suppress(OSError):
+            if backing.read_text().strip() == target:
+                return True
+    return False
 
 
 def _room_to_copy(config: Config, image: Path) -> None:
