@@ -171,7 +171,7 @@ def test_each_command_the_demo_prints_works_as_printed(demo: Demo, tmp_path: Pat
     assert refused.returncode == 60, refused.stderr  # curl: the peer's certificate is not trusted
 
     # SFTP right after the end
-    demo.wait_for("stopped; output kept", 180)
+    demo.wait_for("stopped; its output goes to", 180)
     demo.wait_for("read-only (", 60)  # handed over, then moved to its final place
     (sftp,) = demo.printed("sftp")
     logins_outputs = demo.root / "output" / "demo"

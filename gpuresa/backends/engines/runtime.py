@@ -281,7 +281,7 @@ class Runtime:
         if session is None:
             log.debug("%s: nothing to stop", key)
             return
-        log.info("%s: stopped; output kept in %s", key, session.output_dir)
+        log.info("%s: stopped; its output goes to %s", key, session.output_dir)
         self.finish_stop(session)
 
     def finish_stop(self, session: Session) -> None:

@@ -282,7 +282,7 @@ class SlurmBackend:
         shutil.rmtree(self.runs / record.name, ignore_errors=True)
         self.records.remove(key)
         self.reserver.forget(key)
-        log.info("%s: stopped; output kept in %s", key, record.output)
+        log.info("%s: stopped; its output goes to %s", key, record.output)
         self.finish_stop(record.session("stopped", Path(record.output)))
 
     def reset(self, key: str) -> None:

@@ -357,7 +357,7 @@ class UdockerBackend:
         remove_tool_folder(self.config, key)
         self.ends.forget(key)
         if finish:
-            log.info("%s: stopped; output kept in %s", key, record.output_dir)
+            log.info("%s: stopped; its output goes to %s", key, record.output_dir)
             self.finish_stop(session)
 
     def _end_processes(self, key: str) -> Record | None:
