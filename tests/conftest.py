@@ -42,6 +42,14 @@ RUN_ID = RUN_PREFIX + uuid.uuid4().hex[:4]
 # tells them apart from anything else on the engine.
 TEST_HOST = f"test-{RUN_ID}"
 RUN_LABEL = "gpuresa.test-run"
+
+
+def run_login(kind: str) -> str:
+    """A name for a host account or group a test makes: `kind` (a few letters), this run's
+    prefix, six hex digits; the run's check of the machine finds those left by the prefix."""
+    return f"{kind}{RUN_PREFIX}{secrets.token_hex(3)}"
+
+
 PODMAN_SOCKET = "unix:///run/podman/podman.sock"
 # The engines sessions run on; tests of what an engine does take `engine_harness`
 # and run once on each, the rest use Docker alone.

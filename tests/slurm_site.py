@@ -20,6 +20,7 @@ from typing import Any
 
 import paramiko
 import pytest
+from conftest import run_login
 from support.accounts import remove_account
 from test_runtime import free_block
 
@@ -108,7 +109,7 @@ def slurm_site(root: Path, users: int = 2, container: str = "none") -> Iterator[
     shared.mkdir(mode=0o755)
     (root / "private").mkdir(parents=True, exist_ok=True)
     (root / "keys").mkdir(exist_ok=True)
-    logins = [f"gs{secrets.token_hex(3)}{index}" for index in range(users)]
+    logins = [f"{run_login('gs')}{index}" for index in range(users)]
     for login in logins:
         subprocess.run(["useradd", "-m", "-s", "/bin/bash", login], check=True)
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f",

@@ -21,7 +21,7 @@ from typing import Any
 
 import paramiko
 import pytest
-from conftest import _harness
+from conftest import _harness, run_login
 from slurm_site import SlurmSite, slurm_site
 from support.accounts import remove_account
 from support.waiting import wait_for
@@ -106,7 +106,7 @@ def _engine_contract(tmp_path: Path, engine_harness: Any) -> Contract:
 def udocker_contract(docker_client: Any) -> Iterator[Contract]:
     """A udocker site whose login is a host account of this test's own (its sessions run as
     it), with its key in the site's keys, its image provisioned; all removed after."""
-    login = f"uc{uuid.uuid4().hex[:8]}"
+    login = run_login("uc")
     root = Path(f"/tmp/gpuresa-contract-{uuid.uuid4().hex[:8]}")
     root.mkdir(mode=0o755)
     subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", login], check=True)

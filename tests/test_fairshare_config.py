@@ -6,13 +6,13 @@ from __future__ import annotations
 import re
 import subprocess
 import tomllib
-import uuid
 from collections.abc import Iterator
 from dataclasses import fields
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from conftest import run_login
 from support.configs import config_of
 
 from gpuresa.config.reading import parse_config
@@ -91,8 +91,7 @@ def test_unlimited_and_unset_differ_per_level() -> None:
 def host_group() -> Iterator[tuple[str, str, str]]:
     """A Unix group with a member listed in /etc/group and one whose primary group it is:
     (group, listed login, primary login); all removed afterwards."""
-    tag = uuid.uuid4().hex[:6]
-    group, listed, primary = f"gfs{tag}", f"gfl{tag}", f"gfp{tag}"
+    group, listed, primary = run_login("gfs"), run_login("gfl"), run_login("gfp")
     subprocess.run(["groupadd", group], check=True)
     made: list[str] = []
     try:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import BASE_IMAGE, DockerHarness
+from conftest import BASE_IMAGE, DockerHarness, run_login
 from support.configs import free_ports
 from test_runtime import Site, built_fixture, make_site, port_free, ssh_login
 
@@ -301,7 +301,7 @@ def test_a_host_user_cannot_bind_the_default_ports(host_user: str) -> None:
 @pytest.fixture
 def host_user() -> Any:
     """A throw-away unprivileged account on this host, removed afterwards."""
-    login = f"gport{random.randrange(16**6):06x}"
+    login = run_login("gport")
     subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", login], check=True)
     try:
         yield login

@@ -45,6 +45,7 @@ from gpuresa.outputs.running_area import (
     running_path,
     store,
 )
+from gpuresa.sessions.cgroup_folders import CGROUP_ROOT
 
 CONFTEST = Path(__file__).with_name("conftest.py")
 
@@ -390,6 +391,43 @@ def test_a_run_that_leaves_a_mount_fails_and_names_it(tmp_path: Path, workers: l
     assert result.returncode == 1, result.stdout
     assert "1 passed" in result.stdout
     assert f"mount: {leak}" in result.stdout
+
+
+def test_a_run_that_leaves_an_account_or_an_installations_cgroup_fails_naming_them(
+    tmp_path: Path,
+) -> None:
+    """Test accounts and groups (`conftest.run_login`) and udocker sessions' cgroup folders,
+    which carry their installation (`<host>@<installation>`), are counted too."""
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    write_suite_conftest(suite)
+    made = tmp_path / "made"
+    (suite / "test_leak.py").write_text(
+        textwrap.dedent(
+            f"""
+            import pathlib, subprocess
+            from suite_conftest import RUN_PREFIX, run_login
+            def test_leaves_an_account_and_a_cgroup():
+                login = run_login("gleak")
+                subprocess.run(["useradd", "--no-create-home", login], check=True)
+                folder = f"gpuresa/test-{{RUN_PREFIX}}abcd@{"0" * 24}/session"
+                pathlib.Path("/sys/fs/cgroup/pids", folder).mkdir(parents=True)
+                pathlib.Path({str(made)!r}).write_text(login + " " + folder)
+            """
+        )
+    )
+    try:
+        result = run_suite(suite, tmp_path, [])
+    finally:
+        login, folder = made.read_text().split()
+        subprocess.run(["userdel", login], check=False)
+        for level in (Path(folder), Path(folder).parent):
+            (CGROUP_ROOT / "pids" / level).rmdir()
+    assert result.returncode == 1, result.stdout
+    assert "1 passed" in result.stdout
+    assert f"host account or group: account {login}" in result.stdout
+    assert f"host account or group: group {login}" in result.stdout
+    assert f"cgroup folder: pids/{folder}" in result.stdout
 
 
 def test_a_run_that_leaves_nothing_passes_beside_what_the_machine_had(tmp_path: Path) -> None:

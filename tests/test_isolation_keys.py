@@ -14,13 +14,13 @@ so the test fails if sshd reads keys from it again.
 from __future__ import annotations
 
 import subprocess
-import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import paramiko
 import pytest
+from conftest import run_login
 from test_isolation_output import as_user
 from test_runtime import (  # noqa: F401  (the fixtures `built` and `site`)
     Site,
@@ -47,7 +47,7 @@ def as_ids(uid: int, gid: int, script: str, *arguments: str) -> subprocess.Compl
 @pytest.fixture
 def account() -> Iterator[int]:
     """A throw-away host account with a shell (removed afterwards): its uid."""
-    login = f"gkey{uuid.uuid4().hex[:6]}"
+    login = run_login("gkey")
     subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", login], check=True)
     try:
         yield int(subprocess.run(["id", "-u", login], capture_output=True, text=True).stdout)

@@ -19,12 +19,12 @@ import shlex
 import socket
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 
 import docker
 import pytest
+from conftest import run_login
 from support.waiting import wait_for
 from test_isolation_output import as_user
 from test_runtime import (  # noqa: F401  (the fixtures `built` and `site`)
@@ -70,7 +70,7 @@ print("seconds", round(time.monotonic() - began, 3))
 @pytest.fixture
 def account() -> Iterator[int]:
     """A throw-away host account with a shell (removed afterwards): its uid."""
-    login = f"gnet{uuid.uuid4().hex[:6]}"
+    login = run_login("gnet")
     subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", login], check=True)
     try:
         yield int(subprocess.run(["id", "-u", login], capture_output=True, text=True).stdout)

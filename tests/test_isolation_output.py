@@ -16,12 +16,12 @@ import stat
 import struct
 import subprocess
 import tempfile
-import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from conftest import run_login
 from test_runtime import (  # noqa: F401  (the fixtures `built` and `site`)
     Site,
     built_fixture,
@@ -43,7 +43,7 @@ SHARED_ROOT = 100000  # host uid of root in every Docker session (userns-remap)
 @pytest.fixture
 def host_user() -> Iterator[tuple[str, int]]:
     """A throw-away host account (removed afterwards): (login, uid)."""
-    login = f"giso{uuid.uuid4().hex[:6]}"
+    login = run_login("giso")
     subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", login], check=True)
     try:
         uid = int(subprocess.run(["id", "-u", login], capture_output=True, text=True).stdout)

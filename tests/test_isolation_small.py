@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import BASE_IMAGE, DockerHarness
+from conftest import BASE_IMAGE, DockerHarness, run_login
 from docker.types import Ulimit
 from slurm_site import slurm_site
 from test_runtime import (  # noqa: F401  (the fixtures `built` and `site`)
@@ -65,7 +65,7 @@ class Account:
 @contextlib.contextmanager
 def host_account() -> Iterator[Account]:
     """A throw-away host account with its own group (removed afterwards)."""
-    login = f"gsm{uuid.uuid4().hex[:6]}"
+    login = run_login("gsm")
     subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", login], check=True)
     try:
         ids = subprocess.run(["id", "-u", login], capture_output=True, text=True).stdout

@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from conftest import run_login
 from support.waiting import wait_for
 
 import gpuresa.backends.engines  # noqa: F401  (first: outputs.handover alone imports in a cycle)
@@ -72,7 +73,7 @@ def shell_as(login: str, script: str, cwd: Path | None = None) -> tuple[int, str
 @pytest.fixture
 def login() -> Iterator[str]:
     """A host account of this test's own, with its private group (useradd's default)."""
-    name = f"ro{uuid.uuid4().hex[:8]}"
+    name = run_login("ro")
     subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name], check=True)
     yield name
     subprocess.run(["pkill", "-KILL", "-U", name], check=False)
@@ -229,7 +230,7 @@ def test_a_login_changing_its_output_during_the_hand_over_changes_nothing_outsid
 def test_a_shared_primary_group_never_reads_another_logins_output(base: Path, login: str) -> None:
     config = site(base)
     # another account with the login's primary group: the group is no longer private
-    other = f"ro{uuid.uuid4().hex[:8]}"
+    other = run_login("ro")
     subprocess.run(
         ["useradd", "--no-create-home", "--shell", "/bin/sh", "--gid", login, other], check=True
     )

@@ -25,7 +25,6 @@ import socket
 import stat
 import subprocess
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -35,7 +34,7 @@ from unittest import mock
 
 import paramiko
 import pytest
-from conftest import BASE_IMAGE, PODMAN_SOCKET, TEST_HOST, DockerHarness
+from conftest import BASE_IMAGE, PODMAN_SOCKET, TEST_HOST, DockerHarness, run_login
 from ftps_client import Ftps, FtpsError
 from support import logins
 from support.configs import free_ports
@@ -425,7 +424,7 @@ def test_stop_removes_everything_but_the_output(site: Site) -> None:
 @pytest.fixture
 def host_login() -> Iterator[str]:
     """A throw-away account on this host (removed afterwards), as a real user would have."""
-    login = f"gtest{uuid.uuid4().hex[:6]}"
+    login = run_login("gtest")
     subprocess.run(
         ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", login], check=True
     )

@@ -23,7 +23,7 @@ from typing import Any
 
 import paramiko
 import pytest
-from conftest import BASE_IMAGE, TEST_HOST
+from conftest import BASE_IMAGE, TEST_HOST, run_login
 from support.accounts import kill_processes, remove_account
 from support.gpu_nodes import stand_in_gpu_nodes
 from support.logins import run, ssh_login
@@ -129,7 +129,7 @@ def alive(pid: int) -> bool:
 @pytest.fixture(name="login")
 def login_fixture() -> Iterator[str]:
     """A host account of this test's own."""
-    login = f"ud{uuid.uuid4().hex[:8]}"
+    login = run_login("ud")
     subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", login], check=True)
     yield login
     remove_account(login)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import paramiko
 import pytest
-from conftest import TEST_HOST, SMTPServer
+from conftest import TEST_HOST, SMTPServer, run_login
 from daemon_stage import DaemonProcess, at
 from support.accounts import remove_account
 from support.configs import write_daemon_config
@@ -40,7 +40,7 @@ GRACE = 2
 
 @pytest.fixture(name="login")
 def login_fixture() -> Iterator[str]:
-    login = f"ue{uuid.uuid4().hex[:8]}"
+    login = run_login("ue")
     subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", login], check=True)
     yield login
     remove_account(login)

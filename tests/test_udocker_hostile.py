@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from conftest import run_login
 from test_udocker import Site
 from test_udocker_config import write_config
 
@@ -49,7 +50,7 @@ def base() -> Iterator[Path]:
 
 
 def new_account(*options: str) -> str:
-    login = f"uh{uuid.uuid4().hex[:8]}"
+    login = run_login("uh")
     command = ["useradd", "--no-create-home", "--shell", "/bin/sh", *options, login]
     subprocess.run(command, check=True)
     return login

@@ -3,7 +3,8 @@
 A run records the machine at its start and compares at its end: mounts under
 the temporary folders (output roots and state folders of tests live there),
 loop devices backed by a file there, network namespaces no process is in,
-the cgroup folders of this run's test hosts (udocker sessions'), and
+the cgroup folders of this run's test hosts (udocker sessions'), the host
+accounts and groups of this run's tests (`conftest.run_login`), and
 gpuresa-labelled containers and networks on Docker and Podman. Only what
 is new counts, and only what this run can have made: other test runs on the
 same machine (their own `pytest-N` folder, their own run prefix in the
@@ -14,6 +15,7 @@ work fails this run.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import re
@@ -43,6 +45,7 @@ class Machine:
     loops: frozenset[str]
     namespaces: frozenset[str]
     cgroups: frozenset[str]
+    accounts: frozenset[str]
     containers: frozenset[str]
     networks: frozenset[str]
 
@@ -55,6 +58,7 @@ class Machine:
                 ("loop device", self.loops, before.loops),
                 ("network namespace (no process in it)", self.namespaces, before.namespaces),
                 ("cgroup folder", self.cgroups, before.cgroups),
+                ("host account or group", self.accounts, before.accounts),
                 ("container", self.containers, before.containers),
                 ("network", self.networks, before.networks),
             )
@@ -119,14 +123,29 @@ def namespaces() -> frozenset[str]:
 
 def cgroups(prefix: str) -> frozenset[str]:
     """The cgroup folders of this run's test hosts (`/sys/fs/cgroup/<controller>/gpuresa/
-    test-<prefix>…`, and what is in them), relative to `/sys/fs/cgroup`."""
+    test-<prefix>…`, with or without `@<installation>`, and what is in them), relative to
+    `/sys/fs/cgroup`."""
+    host_folder = re.compile(rf"^test-{re.escape(prefix)}[0-9a-f]*(@[0-9a-f]+)?$")
     found = set()
-    for host in CGROUPS.glob(f"*/gpuresa/test-{prefix}*"):
-        if TEST_HOST_VALUE.match(host.name) and host.is_dir():
+    for host in CGROUPS.glob(f"*/gpuresa/test-{glob.escape(prefix)}*"):
+        if host_folder.match(host.name) and host.is_dir():
             found.add(str(host.relative_to(CGROUPS)))
             found.update(
                 str(entry.relative_to(CGROUPS)) for entry in host.iterdir() if entry.is_dir()
             )
+    return frozenset(found)
+
+
+def accounts(prefix: str, etc: Path = Path("/etc")) -> frozenset[str]:
+    """The host accounts and groups named by `conftest.run_login` for this run."""
+    name = re.compile(rf"^[a-z]+{re.escape(prefix)}[0-9a-f]{{6}}[0-9]*$")
+    found = set()
+    for kind, table in (("account", "passwd"), ("group", "group")):
+        with contextlib.suppress(OSError):
+            for line in (etc / table).read_text().splitlines():
+                entry = line.split(":", 1)[0]
+                if name.match(entry):
+                    found.add(f"{kind} {entry}")
     return frozenset(found)
 
 
@@ -167,6 +186,7 @@ def machine(base: Path, prefix: str, clients: Iterable[tuple[str, Any]]) -> Mach
         loops(base),
         namespaces(),
         cgroups(prefix),
+        accounts(prefix),
         frozenset(containers),
         frozenset(networks),
     )
