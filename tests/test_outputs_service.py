@@ -15,6 +15,7 @@ import dataclasses
 import ftplib
 import hashlib
 import io
+import logging
 import pwd
 import socket
 import ssl
@@ -25,6 +26,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import docker.types
 import paramiko
 import pytest
 from conftest import DockerHarness
@@ -197,6 +199,72 @@ def test_the_service_is_adopted_restarted_and_remade(site: Site) -> None:
     assert OutputService(moved, runtime).ensure_running().action == "made"
     with sftp_login(moved, "alice", site.key("alice")) as sftp:
         assert sftp.listdir("/") == [session.output_dir.name]
+
+
+def test_another_installations_service_of_the_same_host_is_never_taken(
+    site: Site, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A test daemon beside the real one, both `gpu1` on one engine: each makes, keeps and
+    removes its own output service; one made before the installation label is adopted (and
+    remade) by the installation whose output root it serves, and by no other."""
+    neighbour = make_site(site.root / "neighbour", site.client)
+    neighbour.config = with_storage(neighbour.config, sftp_port=free_block(1))
+    mine = OutputService(site.config, site.runtime())
+    theirs = OutputService(neighbour.config, neighbour.runtime())
+    assert mine.ensure_running().action == "made"
+    made = mine.find()
+    assert made is not None
+    with caplog.at_level(logging.WARNING):
+        assert theirs.find() is None
+        assert theirs.ensure_running().action == "made"
+    assert [r for r in caplog.records if "another installation's output service" in r.message]
+    assert ids(mine) == [made["Id"]]
+    assert mine.ensure_running().action == "running"
+    theirs.remove()
+    assert theirs.find() is None
+    assert ids(mine) == [made["Id"]]
+
+    # one made before the label: its installation's by the output root it serves
+    mine.remove()
+    assert made["Id"] not in [item.id for item in site.client.containers.list(all=True)]
+    older = older_service(site, made)
+    assert theirs.find() is None
+    assert theirs.ensure_running().action == "made"
+    assert site.client.containers.get(older.id).status == "created"  # left alone
+    adopted = mine.find()
+    assert adopted is not None and adopted["Id"] == older.id
+    assert mine.ensure_running().action == "made"  # remade with the label
+    assert older.id not in [item.id for item in site.client.containers.list(all=True)]
+    remade = mine.find()
+    assert remade is not None
+    assert remade["Config"]["Labels"]["gpuresa.installation"] == mine.installation
+    assert remade["Name"] == f"/gpuresa-{site.config.daemon.host}-outputs-{mine.installation[:8]}"
+    theirs.remove()
+    mine.remove()
+
+
+def ids(service: OutputService) -> list[str]:
+    found = service.find()
+    return [] if found is None else [str(found["Id"])]
+
+
+def older_service(site: Site, made: dict[str, Any]) -> Any:
+    """A service container as gpuresa made them before the installation label: the same
+    payload, without the label, under the old name; not started."""
+    labels = dict(made["Config"]["Labels"])
+    # its payload's digest was of a payload without the label: never this one's
+    del labels["gpuresa.installation"], labels["gpuresa.payload-hash"]
+    settings = made["HostConfig"]
+    mounts = [
+        docker.types.Mount(m["Target"], m["Source"], type="bind", read_only=m["ReadOnly"])
+        for m in settings["Mounts"]
+    ]
+    return site.client.containers.create(
+        made["Config"]["Image"],
+        labels=labels,
+        mounts=mounts,
+        name=f"gpuresa-{site.config.daemon.host}-outputs",
+    )
 
 
 def test_the_end_of_a_session_leaves_no_gap_before_sftp(site: Site) -> None:

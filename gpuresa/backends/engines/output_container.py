@@ -6,13 +6,14 @@ what the service is given (see `service.py` for why each setting is there).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from gpuresa.backends.engines.create_payloads import LOG_CONFIG
 from gpuresa.config.sections import Config
 from gpuresa.outputs.owners import Owner
+from gpuresa.sessions.labels import INSTALLATION_LABEL
 
 OUTPUTS_ROLE = "outputs"
 PAYLOAD_LABEL = "gpuresa.payload-hash"
@@ -38,8 +39,39 @@ def probe_address(bind_address: str) -> str:
     return "::1" if bind_address == "::" else bind_address
 
 
-def service_name(host: str) -> str:
-    return f"gpuresa-{host}-outputs"
+def service_name(host: str, installation: str) -> str:
+    """The container's name: one per installation (two on one engine and one host name
+    would otherwise take the same name)."""
+    return f"gpuresa-{host}-outputs-{installation[:8]}"
+
+
+def services_split(
+    containers: Iterable[Mapping[str, Any]], installation: str, output_root: Path
+) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
+    """(this installation's, another's) among a host's output service containers (`inspect`
+    outputs).
+
+    An installation's carries its label (`identity`). One without it was made before the
+    label existed: this installation's when it serves this installation's output root, which
+    another's never does (see `ownership` for the sessions' own rule).
+    """
+    mine: list[Mapping[str, Any]] = []
+    others: list[Mapping[str, Any]] = []
+    for container in containers:
+        owner = (container.get("Config", {}).get("Labels") or {}).get(INSTALLATION_LABEL)
+        if owner == installation or (not owner and _serves(container, output_root)):
+            mine.append(container)
+        else:
+            others.append(container)
+    return mine, others
+
+
+def _serves(container: Mapping[str, Any], output_root: Path) -> bool:
+    mounts = container.get("HostConfig", {}).get("Mounts") or []
+    return any(
+        mount.get("Target") == str(OUTPUTS_TARGET) and mount.get("Source") == str(output_root)
+        for mount in mounts
+    )
 
 
 def accounts_text(owners: Collection[Owner], privsep_uid: int) -> tuple[str, str]:

@@ -3,9 +3,11 @@
 `OutputService(config, backend)` is what the daemon holds. `ensure_running()`
 (on a worker thread: it may build an image and waits for sshd) writes the
 accounts, keys and login folders, then starts, checks or remakes the
-container named `gpuresa-<host>-outputs` (labels `gpuresa.host` and
-`gpuresa.role=outputs`, so a restarted daemon finds it). The container's
-payload is hashed into a label: a changed port, image or mount remakes it.
+container named `gpuresa-<host>-outputs-<installation>` (labels `gpuresa.host`,
+`gpuresa.role=outputs` and `gpuresa.installation`, so a restarted daemon finds
+it, and never takes another installation's of the same host name on the same
+engine). The container's payload is hashed into a label: a changed port, image or
+mount remakes it.
 
 Why the container shares the host's user namespace (`UsernsMode: host`): its
 logins must have the uids outputs are handed to, which are host uids; under
@@ -18,6 +20,7 @@ in a per-login chroot.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -32,6 +35,7 @@ from typing import Any, Protocol, runtime_checkable
 from gpuresa.access import AccessError, authorized_keys
 from gpuresa.backends.engines.engine import Engine
 from gpuresa.backends.engines.engines import EngineKind
+from gpuresa.backends.engines.identity import installation_label
 from gpuresa.backends.engines.output_container import (
     OUTPUTS_ROLE,
     PAYLOAD_LABEL,
@@ -40,6 +44,7 @@ from gpuresa.backends.engines.output_container import (
     probe_address,
     service_name,
     service_payload,
+    services_split,
 )
 from gpuresa.backends.engines.probes import ssh_handshake
 from gpuresa.config.capabilities import Capabilities
@@ -72,7 +77,7 @@ from gpuresa.outputs.records import (
 from gpuresa.outputs.tree import remove_tree
 from gpuresa.reservations import catalog
 from gpuresa.sessions.errors import SessionError
-from gpuresa.sessions.labels import HOST_LABEL, ROLE_LABEL
+from gpuresa.sessions.labels import HOST_LABEL, INSTALLATION_LABEL, ROLE_LABEL
 from gpuresa.sessions.templates import (
     FTP_DEFAULT_BASE_IMAGE,
     context_archive,
@@ -83,6 +88,8 @@ from gpuresa.sessions.templates import (
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT = 30.0
+# the other installations' services already told of in the log (by container id)
+_TOLD: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -248,12 +255,30 @@ class OutputService:
             )
         return tag
 
+    @functools.cached_property
+    def installation(self) -> str:
+        return installation_label(self.config.daemon.state_dir)
+
     def find(self) -> dict[str, Any] | None:
-        """The service's container as Docker shows it, or None."""
+        """This installation's service container as the engine shows it, or None.
+
+        Another installation's on this engine and host name (a test daemon beside
+        the real one) is told once in the log and never started, remade or removed here.
+        """
         containers = self.engine.containers(
             {"label": [f"{HOST_LABEL}={self.config.daemon.host}", f"{ROLE_LABEL}={OUTPUTS_ROLE}"]}
         )
-        return containers[0] if containers else None
+        mine, others = services_split(
+            containers, self.installation, self.config.storage.output_root
+        )
+        for other in others:
+            if other["Id"] not in _TOLD:
+                _TOLD.add(other["Id"])
+                log.warning(
+                    "another installation's output service %s is on this engine (never "
+                    "removed here)", str(other.get("Name", other["Id"])).lstrip("/"),
+                )  # fmt: skip
+        return dict(mine[0]) if mine else None
 
     def ensure_running(self) -> ServiceState:
         """Start, check or remake the service so that it serves the current outputs.
@@ -271,13 +296,14 @@ class OutputService:
         labels = {
             HOST_LABEL: self.config.daemon.host,
             ROLE_LABEL: OUTPUTS_ROLE,
+            INSTALLATION_LABEL: self.installation,
             PORT_LABEL: str(self.config.storage.sftp_port),
         }
         payload = service_payload(self.config, image, self.accounts, host_keys, labels)
         payload["HostConfig"].update(self._service_engine.kind.service_settings(self.config.limits))
         digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
         payload["Labels"][PAYLOAD_LABEL] = digest
-        name = service_name(self.config.daemon.host)
+        name = service_name(self.config.daemon.host, self.installation)
         found = self.find()
         port = self.config.storage.sftp_port
         if found is not None and found["Config"]["Labels"].get(PAYLOAD_LABEL) == digest:
@@ -286,7 +312,7 @@ class OutputService:
                 return ServiceState("running", port, logins)
             if status != "running":
                 log.warning("the output service was %s; starting it again", status)
-                self.engine.start_container(name, OUTPUTS_ROLE)
+                self.engine.start_container(str(found["Id"]), OUTPUTS_ROLE)
                 if self._answers(READY_TIMEOUT):
                     return ServiceState("started", port, logins)
             log.warning("the output service does not answer; making it again")
