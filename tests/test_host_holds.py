@@ -8,10 +8,12 @@ Real mounts, loop devices, Docker sessions and daemons; each test removes what i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -23,10 +25,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import docker.types
 import pytest
-from conftest import DockerHarness
+from conftest import BASE_IMAGE, RUN_PREFIX, DockerHarness
 from support.waiting import wait_for
 from test_daemon_cli import ics_event, write_ics_config
+from test_runtime import free_block
 
 from gpuresa.backends.engines import Runtime, host_holds
 from gpuresa.backends.engines.host_holds import holdings, release, release_unneeded
@@ -469,6 +473,78 @@ def namespaces(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str]]:
 def _inside(name: str) -> bool:
     target = (host_holds.NETNS_FOLDER / name).stat().st_ino
     return target in host_holds._namespaces_in_use()
+
+
+@pytest.fixture
+def held_podman_exit(
+    podman_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[str, int, int]]:
+    """A Podman container with a published port whose process has just ended, its conmon
+    held (SIGSTOP) before Podman's own clean-up; let go of (SIGCONT) and removed afterwards.
+    Yields (its namespace's name, the port, conmon's pid)."""
+    monkeypatch.setattr(host_holds, "NETNS_MIN_AGE", 0.0)
+    port = free_block(1)
+    container = podman_client.containers.create(
+        BASE_IMAGE, ["sleep", "300"], labels={"gpuresa.test-run": RUN_PREFIX},
+        ports={"22/tcp": ("127.0.0.1", port)},
+        # the service's own limits are below those the engine would ask (as for sessions)
+        ulimits=[
+            docker.types.Ulimit(name=name, soft=1024, hard=1024) for name in ("nofile", "nproc")
+        ],
+    )  # fmt: skip
+    conmon = 0
+    try:
+        container.start()
+        container.reload()
+        pid = int(container.attrs["State"]["Pid"])
+        namespace = Path(container.attrs["NetworkSettings"]["SandboxKey"]).name
+        found = subprocess.run(
+            ["pgrep", "-o", "-f", f"conmon .*-c {container.id}"],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        conmon = int(found.stdout)
+        os.kill(conmon, signal.SIGSTOP)
+        os.kill(pid, signal.SIGKILL)
+        # conmon, held, reaps nothing: the process stays a zombie, in no namespace
+        wait_for(lambda: ended(pid), 10, "the container's process to end")
+        yield namespace, port, conmon
+    finally:
+        if conmon:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(conmon, signal.SIGCONT)
+        container.remove(force=True)
+
+
+def ended(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX"
+    except OSError:
+        return True
+
+
+def forwarding_rules(port: int) -> list[str]:
+    text = subprocess.run(
+        ["iptables-save", "-t", "nat"], capture_output=True, text=True, check=True
+    ).stdout
+    return [line for line in text.splitlines() if f"--dport {port} " in line]
+
+
+def test_the_namespace_of_a_container_podman_still_has_is_no_leftover(
+    config: Config, held_podman_exit: tuple[str, int, int]
+) -> None:
+    """Its process gone, its clean-up (which tears its port forwarding down through the
+    namespace) not run yet: released then, Podman could not tear the forwarding down, and a
+    rule would send the port to an address nobody has."""
+    namespace, port, conmon = held_podman_exit
+    assert forwarding_rules(port)
+    assert namespace not in [holding.what for holding in holdings(config)]
+    _, released = release(config, [], everything=True)
+    assert f"netns {namespace}" not in map(str, released)
+    assert (host_holds.NETNS_FOLDER / namespace).exists()
+    # Podman's clean-up then runs whole, and takes the forwarding with it
+    os.kill(conmon, signal.SIGCONT)
+    wait_for(lambda: not forwarding_rules(port), 30, "Podman's clean-up of the forwarding")
+    wait_for(lambda: not (host_holds.NETNS_FOLDER / namespace).exists(), 30, "its namespace to go")
 
 
 def test_a_namespace_no_process_is_in_is_released_and_a_live_one_never(

@@ -227,16 +227,53 @@ def _namespaces() -> list[Holding]:
     except OSError:
         return []
     used = _namespaces_in_use()
+    named = _named_by_podman() if entries else set()
+    if named is None:
+        return []  # Podman cannot say which are its containers': none is taken for a leftover
     found = []
     for entry in entries:
         try:
             details = entry.stat()
         except OSError:
             continue
-        # a process is in it (or it is being made): whoever's it is, it is no leftover
-        if details.st_ino not in used and time.time() - details.st_mtime >= NETNS_MIN_AGE:
+        # a process is in it (or it is being made), or a container Podman has still names it
+        # (its process ended a moment ago and Podman's own clean-up, which tears its port
+        # forwarding down through it, has yet to run): whoever's it is, it is no leftover
+        if entry.name in named or details.st_ino in used:
+            continue
+        if time.time() - details.st_mtime >= NETNS_MIN_AGE:
             found.append(Holding("netns", entry.name))
     return found
+
+
+def _named_by_podman() -> set[str] | None:
+    """The names of the namespaces Podman's containers (of anyone, in any state) name; None
+    when Podman does not answer. A machine without Podman has none."""
+    try:
+        listed = _podman("ps", "--all", "--quiet", "--no-trunc")
+        if listed is None or not listed.split():
+            return None if listed is None else set()
+        keys = _podman(
+            "inspect", "--type", "container", "--format", "{{.NetworkSettings.SandboxKey}}",
+            *listed.split(),
+        )  # fmt: skip
+    except FileNotFoundError:
+        return set()
+    # a container removed between the two calls makes `inspect` fail: ask again next time
+    return None if keys is None else {Path(key).name for key in keys.split() if key}
+
+
+def _podman(*arguments: str) -> str | None:
+    """`podman`'s output; None when it fails or hangs. Raises `FileNotFoundError` without it."""
+    try:
+        result = subprocess.run(
+            ["podman", *arguments], capture_output=True, text=True, timeout=COMMAND_TIMEOUT
+        )
+    except FileNotFoundError:
+        raise
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return result.stdout if result.returncode == 0 else None
 
 
 def _namespaces_in_use() -> set[int]:
