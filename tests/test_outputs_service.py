@@ -29,11 +29,12 @@ from typing import Any
 import docker.types
 import paramiko
 import pytest
-from conftest import DockerHarness
+from conftest import BASE_IMAGE, TEST_HOST, DockerHarness
 from ftps_client import Ftps
 from support import logins
 from test_runtime import Site, free_block, host_login, make_site, run, running_output, ssh_login
 
+from gpuresa.backends.engines.output_container import services_split
 from gpuresa.backends.engines.output_service import OutputService
 from gpuresa.config.sections import Config
 from gpuresa.mail.notices import start_message
@@ -43,7 +44,7 @@ from gpuresa.outputs.host_ca import HostCA
 from gpuresa.outputs.messages import start_details
 from gpuresa.outputs.owners import output_owner
 from gpuresa.outputs.running_area import running_path
-from gpuresa.sessions.labels import ftp_name
+from gpuresa.sessions.labels import INSTALLATION_LABEL, ftp_name
 
 __all__ = ["host_login"]  # a fixture of test_runtime.py, used here too
 
@@ -246,6 +247,30 @@ def test_another_installations_service_of_the_same_host_is_never_taken(
 def ids(service: OutputService) -> list[str]:
     found = service.find()
     return [] if found is None else [str(found["Id"])]
+
+
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+def test_an_unlabelled_service_is_told_by_the_output_root_it_binds_on_either_engine(
+    engine: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """What each engine's `inspect` shows of a service made before the installation label
+    (Podman shows no `HostConfig.Mounts`): its owner's by the output root it binds."""
+    client = request.getfixturevalue(f"{engine}_client")
+    root = tmp_path / "output"
+    root.mkdir()
+    container = client.containers.create(
+        BASE_IMAGE, ["true"],
+        labels={"gpuresa.host": TEST_HOST, "gpuresa.role": "outputs"},
+        mounts=[docker.types.Mount("/outputs", str(root), type="bind", read_only=True)],
+    )  # fmt: skip
+    try:
+        shown = client.api.inspect_container(container.id)
+        assert services_split([shown], "0" * 24, root) == ([shown], [])
+        assert services_split([shown], "0" * 24, tmp_path / "another") == ([], [shown])
+        labelled = {**shown, "Config": {"Labels": {INSTALLATION_LABEL: "1" * 24}}}
+        assert services_split([labelled], "0" * 24, root) == ([], [labelled])
+    finally:
+        container.remove(force=True)
 
 
 def older_service(site: Site, made: dict[str, Any]) -> Any:

@@ -67,10 +67,11 @@ def services_split(
 
 
 def _serves(container: Mapping[str, Any], output_root: Path) -> bool:
-    mounts = container.get("HostConfig", {}).get("Mounts") or []
+    """Whether `container` binds `output_root` at /outputs (the `Mounts` of an `inspect`, as
+    both engines show them: Podman leaves `HostConfig.Mounts` out)."""
     return any(
-        mount.get("Target") == str(OUTPUTS_TARGET) and mount.get("Source") == str(output_root)
-        for mount in mounts
+        mount.get("Destination") == str(OUTPUTS_TARGET) and mount.get("Source") == str(output_root)
+        for mount in container.get("Mounts") or []
     )
 
 
