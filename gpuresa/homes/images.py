@@ -26,12 +26,11 @@ import logging
 import os
 import shutil
 import stat
-import subprocess
 from pathlib import Path
 
 from gpuresa.config.sections import Config
 from gpuresa.homes.paths import DISK_ID_BASE, image_path, mounted_path
-from gpuresa.outputs.capped import run_tool
+from gpuresa.outputs.capped import loop_devices_of, run_tool
 from gpuresa.outputs.disk import free_bytes, gibibytes
 from gpuresa.outputs.running_area import unmount
 
@@ -42,7 +41,6 @@ MOUNT_OPTIONS = "loop,nosuid,nodev,noatime,discard"
 MKFS = ("mkfs.ext4", "-q", "-F", "-m", "0")
 MKFS_EXTENDED = "lazy_itable_init=1,lazy_journal_init=1,nodiscard"
 SKELETON = Path("/etc/skel")
-TIMEOUT = 120.0
 
 
 def mount_home(config: Config, login: str, inside_uid: int) -> Path:
@@ -88,17 +86,6 @@ def check_image(image: Path) -> None:
         raise OSError(f"{image} is not a file of root's")
     if details.st_mode & 0o077 or details.st_nlink != 1:
         raise OSError(f"{image} is open to others or has other names: not mounted")
-
-
-def loop_devices_of(image: Path) -> list[str]:
-    """The loop devices backed by `image` (`losetup -j`)."""
-    try:
-        result = subprocess.run(
-            ["losetup", "-j", str(image)], capture_output=True, text=True, timeout=TIMEOUT
-        )
-    except (OSError, subprocess.TimeoutExpired) as error:
-        raise OSError(f"losetup: {error}") from None
-    return [line.split(":", 1)[0] for line in result.stdout.splitlines() if line.strip()]
 
 
 def _promised(image: Path) -> int:

@@ -159,6 +159,17 @@ def run_tool(*command: str) -> None:
         raise OSError(f"{' '.join(command[:2])}…: {result.stderr.strip() or result.returncode}")
 
 
+def loop_devices_of(image: Path) -> list[str]:
+    """The loop devices backed by `image` (`losetup -j`)."""
+    try:
+        result = subprocess.run(
+            ["losetup", "-j", str(image)], capture_output=True, text=True, timeout=TIMEOUT
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise OSError(f"losetup: {error}") from None
+    return [line.split(":", 1)[0] for line in result.stdout.splitlines() if line.strip()]
+
+
 def mount_capped(config: Config, key: str, folder: Path, limit: int) -> None:
     """Mount a fresh (or the existing) image of `limit` bytes at the running `folder`.
 
@@ -286,7 +297,9 @@ def _mount_reader(image: Path, reader: Path) -> None:
     """
     deadline = time.monotonic() + READER_SETTLE
     while True:
-        held = _held(image)
+        held = False
+        with contextlib.suppress(OSError):  # unknown: a failed mount fails at once
+            held = bool(loop_devices_of(image))
         try:
             run_tool("mount", "-t", "ext4", "-o", f"{MOUNT_OPTIONS},ro", str(image), str(reader))
             return
@@ -294,16 +307,6 @@ def _mount_reader(image: Path, reader: Path) -> None:
             if not held or time.monotonic() >= deadline:
                 raise
             time.sleep(0.2)
-
-
-def _held(image: Path) -> bool:
-    """Whether a loop device is backed by `image` (a mount of it, here or in a namespace)."""
-    target = str(image.resolve())
-    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
-        with contextlib.suppress(OSError):
-            if backing.read_text().strip() == target:
-                return True
-    return False
 
 
 def _room_to_copy(config: Config, image: Path) -> None:
